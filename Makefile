@@ -1,0 +1,26 @@
+# The README's two set-up commands: `make demo` (the main job) and `make test` (the test suite).
+# Each creates .venv on first use and installs what it needs; nothing has to be installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+# Any torch >= 2.8 works. This pin is a CPU-friendly default; set TORCH="torch" (or your CUDA build) to change it.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.media: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[media]"
+	touch $@
+
+$(VENV)/.test: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[test]"
+	touch $@
+
+.PHONY: demo test
+demo: $(VENV)/.media
+	$(BIN)/taesd-fast lipsync --output lipsync_demo.mp4
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest

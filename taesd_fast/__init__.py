@@ -1,0 +1,12 @@
+"""taesd_fast: TAESD and the Wan 2.2 VAE output head, with custom GPU kernels behind measured dispatch.
+
+Importing this package never initialises CUDA or compiles anything; kernels are built on first use.
+"""
+
+from ._backend import kernels_available, kernels_unavailable_reason
+from .dispatch import backend, set_backend
+from .head import OutputHead
+from .taesd import TAESD
+
+__all__ = ["TAESD", "OutputHead", "backend", "set_backend", "kernels_available", "kernels_unavailable_reason"]
+__version__ = "0.1.0"

@@ -1,0 +1,95 @@
+"""Building blocks whose parameter names match the upstream TAESD state_dict keys.
+
+Every convolution is a `DispatchConv2d`: an `nn.Conv2d` (so `weight`/`bias` keys and
+initialisation are PyTorch's) whose forward goes through `taesd_fast.dispatch`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import dispatch
+
+
+class DispatchConv2d(nn.Conv2d):
+    """nn.Conv2d with 'same' padding whose forward asks the dispatcher which implementation runs.
+
+    `residual` and `relu` let callers hand the epilogue to the dispatcher, so a kernel can fuse it:
+    y = conv(x) + bias (+ residual), then ReLU if `relu`.
+    """
+
+    layer_name = "?"  # set by `name_layers` to the module's path, for the dispatch table
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+        return dispatch.conv2d(x, self.weight, self.bias, stride=self.stride[0], residual=residual, relu=relu, layer=self)
+
+
+def conv3x3(n_in: int, n_out: int, stride: int = 1, bias: bool = True) -> DispatchConv2d:
+    return DispatchConv2d(n_in, n_out, 3, stride=stride, padding=1, bias=bias)
+
+
+def conv1x1(n_in: int, n_out: int) -> DispatchConv2d:
+    return DispatchConv2d(n_in, n_out, 1, bias=False)
+
+
+class Clamp(nn.Module):
+    """Soft clamp of the latents to (-3, 3), the first step of every TAESD decoder."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x / 3) * 3
+
+
+class Block(nn.Module):
+    """Residual block: relu(conv-relu-conv-relu-conv(x) + skip(x)), with TAEF2's optional pool branch.
+
+    Keys: conv.{0,2,4}.{weight,bias}, skip.weight (only when n_in != n_out),
+    pool.0.weight, pool.1.{weight,bias}, pool.3.weight (only with midblock GN).
+    """
+
+    def __init__(self, n_in: int, n_out: int, midblock_gn: bool = False):
+        super().__init__()
+        self.conv = nn.Sequential(conv3x3(n_in, n_out), nn.ReLU(), conv3x3(n_out, n_out), nn.ReLU(), conv3x3(n_out, n_out))
+        self.skip = conv1x1(n_in, n_out) if n_in != n_out else nn.Identity()
+        self.fuse = nn.ReLU()
+        self.pool = None
+        if midblock_gn:
+            # TAEF2's global branch: GroupNorm statistics span the whole image, giving the block global context.
+            width = 4 * n_in
+            self.pool = nn.Sequential(conv1x1(n_in, width), nn.GroupNorm(4, width), nn.ReLU(), conv1x1(width, n_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pool is not None:
+            x = x + self.pool(x)
+        first, _, second, _, third = self.conv
+        h = first(x, relu=True)
+        h = second(h, relu=True)
+        # The last conv takes the skip and the block's final ReLU as its epilogue.
+        return third(h, residual=self.skip(x), relu=True)
+
+
+class ReLUSequential(nn.Sequential):
+    """nn.Sequential that hands a conv followed by nn.ReLU to the dispatcher as one fused call.
+
+    Keys and indices are those of a plain nn.Sequential; only the forward differs.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        modules = list(self)
+        i = 0
+        while i < len(modules):
+            module = modules[i]
+            if isinstance(module, DispatchConv2d) and i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU):
+                x = module(x, relu=True)
+                i += 2
+            else:
+                x = module(x)
+                i += 1
+        return x
+
+
+def name_layers(root: nn.Module, prefix: str = "") -> None:
+    """Give every DispatchConv2d its module path, so dispatch choices can be reported per layer."""
+    for name, module in root.named_modules(prefix=prefix):
+        if isinstance(module, DispatchConv2d):
+            module.layer_name = name

@@ -1,0 +1,140 @@
+"""TAESD: the tiny autoencoder, every published variant, with upstream state_dict keys."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+
+from . import hub
+from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
+from .layers import name_layers
+from .validation import check_tensor
+
+
+class TAESD(nn.Module):
+    """Tiny AutoEncoder. Images are [B, 3, H, W] in [0, 1]; latents are unscaled (scale factor 1).
+
+    `encoder` and `decoder` are bare nn.Sequentials whose state_dict keys are upstream's, so upstream
+    `taesd_encoder.pth` / `taesd_decoder.safetensors` files load into them unchanged. Either may be None.
+    """
+
+    latent_magnitude = 3.0
+    latent_shift = 0.5
+
+    def __init__(self, variant: str = "taesd", encoder: bool = True, decoder: bool = True):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown TAESD variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+        self.variant = variant
+        self.arch: Architecture = VARIANTS[variant]
+        self.encoder = build_encoder(self.arch) if encoder else None
+        self.decoder = build_decoder(self.arch) if decoder else None
+        name_layers(self)
+
+    @property
+    def latent_channels(self) -> int:
+        return self.arch.latent_channels
+
+    @property
+    def downscale(self) -> int:
+        """Pixels per latent along each side: 8, or 32 for taesana."""
+        return self.arch.downscale
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike | None = None,
+        *,
+        encoder_path: str | os.PathLike | None = None,
+        decoder_path: str | os.PathLike | None = None,
+        variant: str | None = None,
+        encoder: bool = True,
+        decoder: bool = True,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        subfolder: str | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> "TAESD":
+        """Load pretrained weights.
+
+        name_or_path: a Hub repo id ("madebyollin/taesd", "madebyollin/taesdxl", ...), a local folder holding
+            upstream or diffusers-layout files, or None for the bundled TAEF2 weights (works offline).
+        encoder_path / decoder_path: explicit upstream files instead (.safetensors or .pth); give one for an
+            encoder-only or decoder-only model.
+        variant: optional check; the variant is detected from the tensors, and a name that disagrees is an error.
+        """
+        if dtype is not None and not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating point dtype such as torch.float16, got {dtype}")
+        loaded = hub.resolve(
+            name_or_path, encoder_path=encoder_path, decoder_path=decoder_path, load_encoder=encoder,
+            load_decoder=decoder, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
+            subfolder=subfolder,
+        )
+        arch = hub.detect_architecture(loaded)
+        name = hub.check_variant(arch, variant, loaded)
+        model = cls(name, encoder=loaded.encoder is not None, decoder=loaded.decoder is not None)
+        model.load_weights(loaded.encoder, loaded.decoder, source=", ".join(loaded.sources))
+        return model.to(device=device, dtype=dtype).eval()
+
+    def load_weights(self, encoder_state=None, decoder_state=None, source: str = "state dict") -> None:
+        """Load upstream-keyed state dicts, with a clear error when they belong to another variant."""
+        for part, state in (("encoder", encoder_state), ("decoder", decoder_state)):
+            if state is None:
+                continue
+            module = getattr(self, part)
+            if module is None:
+                raise ValueError(f"this TAESD was built without a {part}; cannot load {part} weights")
+            hub.check_fits(self.arch, part, state, source)
+            module.load_state_dict(state)
+
+    def _param(self, part: str) -> torch.Tensor:
+        module = getattr(self, part)
+        if module is None:
+            other = "decoder" if part == "encoder" else "encoder"
+            verb = "encode" if part == "encoder" else "decode"
+            raise RuntimeError(f"this TAESD model has no {part} (it was loaded {other}-only), so it cannot {verb}")
+        return next(module.parameters())
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """[B, 3, H, W] images in [0, 1] -> [B, C, H/8, W/8] latents (H/32, W/32 for taesana).
+
+        H and W must be multiples of the downscale factor; pad or resize first (no silent padding).
+        """
+        param = self._param("encoder")
+        check_tensor(images, "images", channels=3, like=param)
+        f = self.downscale
+        if images.shape[-2] % f or images.shape[-1] % f:
+            raise ValueError(
+                f"image size {tuple(images.shape[-2:])} is not a multiple of {f} (the {self.variant} encoder "
+                f"downsamples {f}x); pad or resize the images to a multiple of {f} first"
+            )
+        return self.encoder(images)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """[B, C, h, w] latents -> [B, 3, h*8, w*8] images clamped to [0, 1]. NaN in the latents stays NaN."""
+        param = self._param("decoder")
+        check_tensor(latents, "latents", channels=self.latent_channels, like=param)
+        return self.decoder(latents).clamp(0, 1)
+
+    @staticmethod
+    def scale_latents(latents: torch.Tensor) -> torch.Tensor:
+        """Raw latents -> [0, 1], for storing as 8-bit images."""
+        return latents.div(2 * TAESD.latent_magnitude).add(TAESD.latent_shift).clamp(0, 1)
+
+    @staticmethod
+    def unscale_latents(scaled: torch.Tensor) -> torch.Tensor:
+        """[0, 1] -> raw latents (the inverse of `scale_latents` inside the clamp range)."""
+        return scaled.sub(TAESD.latent_shift).mul(2 * TAESD.latent_magnitude)
+
+    def dispatch_table(self) -> str:
+        """Which implementation each conv layer ran with (filled in as layers run)."""
+        from . import dispatch
+
+        return dispatch.dispatch_table(self)
+
+    def extra_repr(self) -> str:
+        return f"variant={self.variant!r}, {self.arch.describe()}"

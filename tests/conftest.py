@@ -1,0 +1,155 @@
+"""Shared fixtures: the ../shared data folder (real weights and photos), image loading, a faked Hub cache.
+
+CI runs from a clean clone with ../shared beside the repo. Tests that need it are skipped with a visible reason when
+it is missing; set TAESD_FAST_REQUIRE_SHARED=1 to turn that skip into a failure (so a CI job cannot pass by
+skipping everything).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+IMAGE_NAMES = ("monalisa.png", "musk.png", "sit.jpeg", "yongen.jpeg")
+
+
+def _missing(what: str):
+    reason = f"{what} not found (tests expect the read-only data folder at {SHARED_DIR}, beside the repo)"
+    if os.environ.get("TAESD_FAST_REQUIRE_SHARED", "0") not in ("", "0"):
+        pytest.fail(reason + "; TAESD_FAST_REQUIRE_SHARED is set", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED_DIR.is_dir():
+        _missing("../shared")
+    return SHARED_DIR
+
+
+def _need(path: Path) -> Path:
+    if not path.is_file():
+        _missing(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def taef2_encoder_pth(shared_dir) -> Path:
+    return _need(shared_dir / "weights" / "taef2_encoder.pth")
+
+
+@pytest.fixture(scope="session")
+def taef2_decoder_pth(shared_dir) -> Path:
+    return _need(shared_dir / "weights" / "taef2_decoder.pth")
+
+
+@pytest.fixture(scope="session")
+def taesana_encoder_pth(shared_dir) -> Path:
+    return _need(shared_dir / "weights" / "taesana_encoder.pth")
+
+
+@pytest.fixture(scope="session")
+def image_paths(shared_dir) -> dict[str, Path]:
+    return {name: _need(shared_dir / "data" / "images" / name) for name in IMAGE_NAMES}
+
+
+def load_image(path: Path, height: int, width: int) -> torch.Tensor:
+    """A photo as a [1, 3, height, width] float32 tensor in [0, 1] (PIL bicubic resize, no crop)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert("RGB").resize((width, height), Image.BICUBIC)
+        array = np.asarray(im, dtype=np.float32) / 255.0
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).unsqueeze(0).contiguous()
+
+
+@pytest.fixture(scope="session")
+def load_photo(image_paths):
+    """load_photo(name, height, width) -> [1, 3, H, W] float32 in [0, 1]."""
+
+    def load(name: str, height: int, width: int) -> torch.Tensor:
+        return load_image(image_paths[name], height, width)
+
+    return load
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB for images in [0, 1]."""
+    mse = (a.double() - b.double()).pow(2).mean().item()
+    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(1.0 / mse)).item()
+
+
+def rel_err(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |actual - reference| / max |reference|, computed in float64."""
+    actual, reference = actual.double(), reference.double()
+    return ((actual - reference).abs().max() / reference.abs().max()).item()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A huggingface_hub cache laid out the way hf_hub_download leaves it:
+#   <cache>/models--<org>--<name>/refs/<revision>            -> text file holding the commit hash
+#   <cache>/models--<org>--<name>/blobs/<sha256 of content>   -> the file's bytes (LFS files are named by sha256)
+#   <cache>/models--<org>--<name>/snapshots/<commit>/<path>   -> relative symlink to ../../blobs/<sha256>
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def populate_hub_cache(cache_dir: Path, repo_id: str, files: dict[str, Path], revision: str = "main",
+                       commit: str | None = None) -> Path:
+    """Put `files` ({path in repo: local file}) into a huggingface_hub cache as one commit; returns the snapshot dir."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    storage = Path(cache_dir) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    if commit is None:
+        commit = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()  # any 40-hex commit id
+    snapshot = storage / "snapshots" / commit
+    (storage / "blobs").mkdir(parents=True, exist_ok=True)
+    (storage / "refs").mkdir(parents=True, exist_ok=True)
+    (storage / "refs" / revision).write_text(commit)  # huggingface_hub writes it without a newline
+    for repo_path, source in files.items():
+        blob = storage / "blobs" / _sha256(source)
+        if not blob.exists():
+            shutil.copyfile(source, blob)
+        pointer = snapshot / repo_path
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+        except OSError:  # no symlinks (Windows without developer mode): huggingface_hub copies instead
+            shutil.copyfile(blob, pointer)
+    return snapshot
+
+
+@pytest.fixture
+def hub_offline(monkeypatch):
+    """HF_HUB_OFFLINE=1 for huggingface_hub, which reads the variable once at import into constants.HF_HUB_OFFLINE."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail loudly if a test tries to reach the Hub (the CI machine has no network; a hang would be worse)."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
