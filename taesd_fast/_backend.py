@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels_available", "kernels_unavailable_reason", "get_kernel", "cache_dir", "Kernel"]
+__all__ = ["kernels_available", "kernels_unavailable_reason", "get_kernel", "is_loaded", "cache_dir", "Kernel"]
 
 _CSRC = Path(__file__).with_name("csrc")
 _PRELUDE = "common.cuh"
@@ -110,6 +110,19 @@ def _nvrtc_version() -> str:
     a, b = ctypes.c_int(), ctypes.c_int()
     _check_rtc(_nvrtc().nvrtcVersion(ctypes.byref(a), ctypes.byref(b)), "nvrtcVersion")
     return f"{a.value}.{b.value}"
+
+
+_sources_hash: list[str] = []
+
+
+def sources_hash() -> str:
+    """Short hash of every csrc file: part of the dispatch timing keys, so edited kernels get re-timed."""
+    if not _sources_hash:
+        h = hashlib.sha256()
+        for p in sorted(_CSRC.glob("*.cu*")):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+        _sources_hash.append(h.hexdigest()[:10])
+    return _sources_hash[0]
 
 
 def _read_source(source_name: str) -> str:
@@ -228,7 +241,8 @@ class Kernel:
         self._allow_smem(smem)
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
-        rc = _cuda().cuLaunchKernel(self.func, *g, *b, smem, ctypes.c_void_p(stream.cuda_stream), params, None)
+        rc = _cuda().cuLaunchKernel(self.func, *g, *b, smem, ctypes.c_void_p(stream.cuda_stream),
+                                    ctypes.cast(params, ctypes.c_void_p), None)
         _check_cu(rc, f"launch {self.name} grid={g} block={b} smem={smem}")
 
 
@@ -269,6 +283,12 @@ def get_kernel(source_name: str, kernel_name: str, defines: dict[str, int] | Non
                     raise RuntimeError(f"taesd_fast kernels unavailable: {reason}")
                 k = _kernels[key] = _load(source_name, kernel_name, defines, index)
     return k
+
+
+def is_loaded(source_name: str, kernel_name: str, defines: dict[str, int] | None = None, device=None) -> bool:
+    """True if get_kernel would return without compiling or loading (safe during graph capture)."""
+    key = (_device_index(device), source_name, kernel_name, tuple(sorted(dict(defines or {}).items())))
+    return key in _kernels
 
 
 # --------------------------------------------------------------------------- availability

@@ -18,6 +18,7 @@ from einops import rearrange
 
 from . import dispatch
 from .validation import check_tensor
+from .hub import require_repo_id
 from .weights_io import WeightsError, read_state_dict
 
 CAUSAL_FRAMES = 2  # temporal kernel 3: two frames of history
@@ -161,6 +162,7 @@ def _locate_checkpoint(name_or_path, subfolder, filename, revision, cache_dir, l
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    path = require_repo_id(path)
     try:
         return hf_hub_download(path, filename, subfolder=subfolder, revision=revision, cache_dir=cache_dir,
                                local_files_only=local_files_only)

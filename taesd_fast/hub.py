@@ -131,10 +131,21 @@ def resolve(name_or_path: str | os.PathLike | None, *, encoder_path=None, decode
         return load_from_folder(path, load_encoder, load_decoder)
     if path.is_file():
         raise ValueError(f"{path} is a single file: pass encoder_path= and/or decoder_path= instead")
-    name = str(name_or_path)
-    if name.count("/") != 1 or name.startswith((".", "/")) or path.suffix in (".pth", ".safetensors"):
-        raise FileNotFoundError(f"{name!r} is neither an existing local folder nor a Hub repo id like 'madebyollin/taesd'")
-    return load_from_hub(name, load_encoder=load_encoder, load_decoder=load_decoder, **hub_kwargs)
+    return load_from_hub(require_repo_id(name_or_path), load_encoder=load_encoder, load_decoder=load_decoder, **hub_kwargs)
+
+
+def require_repo_id(name: str | os.PathLike) -> str:
+    """`name` when it can be a Hub repo id ('owner/name'); a missing local path raises FileNotFoundError."""
+    name = str(name)
+    owner, _, repo = name.partition("/")
+    looks_like_path = (not owner or not repo or "/" in repo or name.startswith(".") or ".." in name
+                       or Path(name).suffix in (".pth", ".pt", ".safetensors", ".bin"))
+    if looks_like_path:
+        raise FileNotFoundError(
+            f"{name!r} is neither an existing local folder nor a Hub repo id like 'madebyollin/taesd' "
+            "(no file or folder exists at that path)"
+        )
+    return name
 
 
 def _shapes(state: StateDict) -> dict[str, tuple[int, ...]]:

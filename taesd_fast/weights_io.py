@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ def read_state_dict(path: str | os.PathLike, keys: list[str] | None = None) -> S
             with safe_open(str(path), framework="pt") as f:
                 names = f.keys() if keys is None else [k for k in keys if k in f.keys()]
                 return {k: f.get_tensor(k) for k in names}
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))  # legacy .pth: no mmap
     except Exception as err:  # every reader error means the same thing to the user
         raise WeightsError(
             f"could not read weights file {path} ({type(err).__name__}: {err}). "

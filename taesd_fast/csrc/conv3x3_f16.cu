@@ -6,8 +6,9 @@
 // channels at a time:
 //   conv3x3_tile   one thread per output pixel, all COUT accumulators in registers
 //   conv3x3_ocb4   one thread per output pixel x 4 output channels (more threads, fewer registers)
-//   conv3x3_rb     one thread per 2x2 output pixels x 8 output channels (stride 1 only)
+//   conv3x3_rb     one thread per 2x2 output pixels x 8 output channels (4 when COUT <= 4; stride 1 only)
 // Batch (and output-channel groups) run on grid.z with a grid-stride loop, so B is unbounded.
+// VARIANT (1 tile, 2 ocb4, 3 rb; 0 or unset = all) compiles one kernel only: NVRTC time is per kernel.
 
 #ifndef CIN
 #define CIN 64
@@ -17,6 +18,10 @@
 #endif
 #ifndef STRIDE
 #define STRIDE 1
+#endif
+
+#ifndef VARIANT
+#define VARIANT 0
 #endif
 
 #define F_BIAS 1
@@ -66,6 +71,7 @@ __device__ __forceinline__ void stage_weights(float* sw, const u16* __restrict__
 }
 
 // ------------------------------------------------------------------------------------------ tile
+#if VARIANT == 0 || VARIANT == 1
 namespace tile {
 constexpr int T = 16;                              // 16x16 output pixels per block, 256 threads
 constexpr int CK = imin(STRIDE == 1 ? 8 : 4, CIN); // input channels per smem stage
@@ -119,7 +125,10 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_tile(const u16* __rest
   }
 }
 
+#endif  // tile
+
 // ------------------------------------------------------------------------------------------ ocb4
+#if VARIANT == 0 || VARIANT == 2
 namespace ocb4 {
 constexpr int TW = 16, TH = 8;                      // 16x8 output pixels per block
 constexpr int OGB = imin(2, cdiv(COUT, 4));         // groups of 4 output channels per block (threadIdx.z)
@@ -175,13 +184,17 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_ocb4(const u16* __rest
   }
 }
 
+#endif  // ocb4
+
 // ------------------------------------------------------------------------------------------ rb
-// Register-blocked, stride 1: each thread owns 2x2 output pixels x 8 output channels, so each
-// shared-memory input value feeds up to 8x(overlapping taps) FMAs and each weight float4 feeds 16.
+#if VARIANT == 0 || VARIANT == 3
+// Register-blocked, stride 1: each thread owns 2x2 output pixels x OCT output channels, so each
+// shared-memory input value feeds up to OCT x 4 FMAs and each weight float4 feeds 16.
 namespace rb {
 constexpr int T = 16;                               // 16x16 output pixels per block = 8x8 threads
-constexpr int OGB = imin(4, cdiv(COUT, 8));         // groups of 8 output channels per block (threadIdx.z)
-constexpr int NO = 8 * OGB;
+constexpr int OCT = COUT <= 4 ? 4 : 8;              // output channels per thread (4: no waste for 64->3)
+constexpr int OGB = imin(4, cdiv(COUT, OCT));       // groups of OCT output channels per block (threadIdx.z)
+constexpr int NO = OCT * OGB;
 constexpr int NG = cdiv(COUT, NO);
 constexpr int CK = imin(8, CIN);
 constexpr int HT = T + 2;                           // 18: even, so float2 halo reads stay aligned
@@ -202,13 +215,13 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_rb(const u16* __restri
   for (int z = blockIdx.z; z < B * NG; z += gridDim.z) {
     const int b = z / NG, oc0 = (z - b * NG) * NO;
     const u16* xb = x + (i64)b * CIN * H * W;
-    float acc[2][2][8];
+    float acc[2][2][OCT];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int o = 0; o < 8; ++o) acc[i][j][o] = 0.f;
+        for (int o = 0; o < OCT; ++o) acc[i][j][o] = 0.f;
     for (int c0 = 0; c0 < CIN; c0 += CK) {
       __syncthreads();
       stage_input<CK, HT, HT, HT>(sh, xb, c0, H, W, iy0, ix0, tid, nthr);
@@ -224,18 +237,22 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_rb(const u16* __restri
           const float2 d = *reinterpret_cast<const float2*>(s + r * HT + 2);
           in[r][0] = a.x, in[r][1] = a.y, in[r][2] = d.x, in[r][3] = d.y;
         }
-        const float4* wv = reinterpret_cast<const float4*>(sw + c * 9 * NO) + 2 * g;
+        const float4* wv = reinterpret_cast<const float4*>(sw + c * 9 * NO) + (OCT / 4) * g;
 #pragma unroll
         for (int k = 0; k < 9; ++k) {
-          const float4 w0 = wv[k * 2 * OGB], w1 = wv[k * 2 * OGB + 1];
-          const float wk[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          float wk[OCT];
+#pragma unroll
+          for (int q = 0; q < OCT / 4; ++q) {
+            const float4 wq = wv[k * (NO / 4) + q];
+            wk[4 * q] = wq.x, wk[4 * q + 1] = wq.y, wk[4 * q + 2] = wq.z, wk[4 * q + 3] = wq.w;
+          }
 #pragma unroll
           for (int i = 0; i < 2; ++i)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const float v = in[i + k / 3][j + k % 3];
 #pragma unroll
-              for (int o = 0; o < 8; ++o) acc[i][j][o] += v * wk[o];
+              for (int o = 0; o < OCT; ++o) acc[i][j][o] += v * wk[o];
             }
         }
       }
@@ -247,11 +264,12 @@ extern "C" __global__ void __launch_bounds__(256) conv3x3_rb(const u16* __restri
         if (oy + i >= Ho || ox + j >= Wo) continue;
         const i64 base = (i64)b * COUT * Ho * Wo + (i64)(oy + i) * Wo + ox + j;
 #pragma unroll
-        for (int o = 0; o < 8; ++o) {
-          const int oc = oc0 + 8 * g + o;
+        for (int o = 0; o < OCT; ++o) {
+          const int oc = oc0 + OCT * g + o;
           if (oc < COUT) emit(y, bias, res, flags, base + (i64)oc * Ho * Wo, oc, acc[i][j][o]);
         }
       }
   }
 #endif
 }
+#endif  // rb

@@ -1,16 +1,17 @@
 // head_stencil: second half of the split Wan-head conv (see taesd_fast/kernels/head.py).
 //
-//   out[d, r, w, c] = clamp(bias[c] + sum_{i,j} g[d, h+i-1 (as g row), w+j-1, (i*3+j)*NCH + c], -1, 1)
+//   out[b, t, r, w, c] = clamp(bias[c] + sum_{i,j} g[b, t, h+i-1 (as g row), w+j-1, (i*3+j)*NCH + c], -1, 1)
 //
 // with h = lo + r the global row. Taps that fall outside the true image (row < 0, row >= H_global,
-// col < 0, col >= W) are the conv's zero padding and are skipped. g holds global rows
+// col < 0, col >= W) are the conv's zero padding and are masked to 0. g holds global rows
 // [g_start, g_start + rows_g); the Python wrapper has already checked that every in-image row a band
-// needs is in there, the row guard below only keeps a bad call from reading out of bounds.
+// needs is in there; the clamps below only keep a bad call from reading out of bounds. g may be strided
+// (pixel-major from the GEMM form of conv_n128): strides must be multiples of 4 elements.
 //
 // Defines: NCH (output channels, e.g. 12), GC (g channel stride, e.g. 112 >= 9*NCH), G_F32 (1: g and
 // out are f32; 0: bf16). One thread per output pixel: the 9 taps of one pixel are 9 short segments of
-// 9 neighbouring g pixels, and neighbouring threads reuse each other's sectors through L1, so DRAM sees
-// g about once.
+// 9 neighbouring g pixels, and neighbouring threads reuse each other's sectors through L1/L2, so DRAM
+// sees g about once. Grid: (ceil(rows*W / 256), T, B).
 
 #ifndef NCH
 #define NCH 12
@@ -34,14 +35,14 @@ typedef u16 gtype;
 struct alignas(8) hs_v4bf { u32 a, b; };
 struct alignas(16) hs_v4f { float a, b, c, d; };
 
-__device__ __forceinline__ void hs_add4(float* acc, const gtype* p) {
+__device__ __forceinline__ void hs_load4(float* v4, const gtype* p) {
 #if G_F32
   hs_v4f v = *reinterpret_cast<const hs_v4f*>(p);
-  acc[0] += v.a; acc[1] += v.b; acc[2] += v.c; acc[3] += v.d;
+  v4[0] = v.a; v4[1] = v.b; v4[2] = v.c; v4[3] = v.d;
 #else
   hs_v4bf v = *reinterpret_cast<const hs_v4bf*>(p);
-  acc[0] += u2f(v.a << 16); acc[1] += u2f(v.a & 0xffff0000u);
-  acc[2] += u2f(v.b << 16); acc[3] += u2f(v.b & 0xffff0000u);
+  v4[0] = u2f(v.a << 16); v4[1] = u2f(v.a & 0xffff0000u);
+  v4[2] = u2f(v.b << 16); v4[3] = u2f(v.b & 0xffff0000u);
 #endif
 }
 
@@ -63,13 +64,14 @@ __device__ __forceinline__ u32 hs_pack_bf2(float lo, float hi) {
 }
 
 extern "C" __global__ void __launch_bounds__(256) head_stencil(
-    const gtype* __restrict__ g,     // [D, rows_g, W, GC]
+    const gtype* __restrict__ g,     // [B, T, rows_g, W, GC], strides gs_* in elements, channels dense
     const float* __restrict__ bias,  // [NCH] f32
-    gtype* __restrict__ out,         // [D, rows, W, NCH]
-    int rows, int W, int rows_g, int lo, int H_global, int g_start) {
+    gtype* __restrict__ out,         // [B, T, rows, W, NCH] dense
+    int rows, int W, int rows_g, int lo, int H_global, int g_start,
+    i64 gs_b, i64 gs_t, i64 gs_row, i64 gs_w) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;  // pixel inside one frame's band
   if (p >= rows * W) return;
-  const int d = blockIdx.y;
+  const int t = blockIdx.y, b = blockIdx.z;
   const int r = p / W;
   const int w = p - r * W;
   const int h = lo + r;
@@ -78,29 +80,34 @@ extern "C" __global__ void __launch_bounds__(256) head_stencil(
 #pragma unroll
   for (int c = 0; c < NCH; ++c) acc[c] = bias[c];
 
-  const gtype* gd = g + (i64)d * rows_g * W * GC;
+  // Every tap loads from an in-bounds (clamped) address and is masked afterwards: no branches around
+  // the loads, so all 9 taps' loads can be in flight at once.
+  const gtype* gbt = g + b * gs_b + t * gs_t;
 #pragma unroll
   for (int i = 0; i < 3; ++i) {
     const int hs = h + i - 1;
     const int gr = hs - g_start;
-    if (hs < 0 || hs >= H_global || gr < 0 || gr >= rows_g) continue;
-    const gtype* grow = gd + (i64)gr * W * GC;
+    const bool vr = hs >= 0 && hs < H_global && gr >= 0 && gr < rows_g;
+    const gtype* grow = gbt + (i64)min(max(gr, 0), rows_g - 1) * gs_row;
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
       const int ws = w + j - 1;
-      if (ws < 0 || ws >= W) continue;
-      const gtype* src = grow + (i64)ws * GC + (i * 3 + j) * NCH;
+      const bool v = vr && ws >= 0 && ws < W;
+      const gtype* src = grow + (i64)min(max(ws, 0), W - 1) * gs_w + (i * 3 + j) * NCH;
+      float tap[NCH];
 #if HS_VEC
 #pragma unroll
-      for (int c = 0; c < NCH; c += 4) hs_add4(acc + c, src + c);
+      for (int c = 0; c < NCH; c += 4) hs_load4(tap + c, src + c);
 #else
 #pragma unroll
-      for (int c = 0; c < NCH; ++c) acc[c] += hs_load1(src + c);
+      for (int c = 0; c < NCH; ++c) tap[c] = hs_load1(src + c);
 #endif
+#pragma unroll
+      for (int c = 0; c < NCH; ++c) acc[c] += v ? tap[c] : 0.f;
     }
   }
 
-  gtype* o = out + ((i64)d * rows * W + p) * NCH;
+  gtype* o = out + ((i64)(b * gridDim.y + t) * rows * W + p) * NCH;
 #if G_F32 && HS_VEC
 #pragma unroll
   for (int c = 0; c < NCH; c += 4) {

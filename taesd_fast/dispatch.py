@@ -1,0 +1,499 @@
+"""Which implementation runs each conv: one table of candidates, chosen per shape by measurement.
+
+Modes (`backend(mode)` / `set_backend(mode)`):
+  "auto"    (default) a custom kernel runs only where it was measured faster than PyTorch/cuDNN on
+            this GPU for this exact (shape, dtype, stride, epilogue, layout); timings persist as JSON
+            in the cache dir and are reused. No timing while torch.compile traces or a CUDA graph
+            captures: then the cached decision, else PyTorch.
+  "kernels" the fastest measured custom kernel wherever one supports the call (default order
+            `_DEFAULT_ORDER` when none was measured), else PyTorch. Used by tests.
+  "torch"   always PyTorch.
+Importing this module touches no CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import _backend
+from .kernels import head as _split_head  # registers taesd_fast::conv_n128 / head_stencil; no CUDA
+
+__all__ = [
+    "conv2d", "head_conv", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
+    "Candidate", "Spec", "CANDIDATES", "register_candidate", "clear_cache",
+]
+
+_MODES = ("auto", "torch", "kernels")
+_mode = "auto"
+_MARGIN = 0.98  # a kernel must beat PyTorch by 2% to be picked: timing noise must not flip choices
+_REPS, _WARMUP = 7, 3
+
+
+# ------------------------------------------------------------------------------------ spec
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything a decision depends on; hashable, shapes as plain ints."""
+
+    kind: str  # "conv2d" | "head"
+    device: str  # "cpu", "cuda:0", ...
+    x_shape: tuple
+    w_shape: tuple
+    dtype: torch.dtype
+    stride: int
+    bias: bool
+    residual: bool
+    relu: bool
+    layout: str  # "nchw" | "channels_last" | "strided"
+
+    def key(self, gpu: str) -> str:
+        shp = lambda s: "x".join(map(str, s))  # noqa: E731
+        flags = "".join(f for f, on in (("b", self.bias), ("r", self.residual), ("R", self.relu)) if on) or "-"
+        return (f"{gpu}|torch{torch.__version__}|src{_backend.sources_hash()}|{self.kind}|x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
+                f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}")
+
+
+def _layout(x: Tensor) -> str:
+    if x.is_contiguous():
+        return "nchw"
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return "channels_last"
+    return "strided"
+
+
+# ------------------------------------------------------------------------------------ candidates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation of a call `kind`. `supports(spec)` returns None or why not; `run` takes the
+    kind's arguments: conv2d (x, w, b, stride, residual, relu), head (x, w, b). `kernel=True` marks
+    custom kernels (they also need kernels_available and are what auto mode must justify by timing).
+    `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
+
+    name: str
+    kind: str
+    supports: Callable[[Spec], str | None]
+    run: Callable[..., Tensor]
+    kernel: bool = True
+    ready: Callable[[Spec], bool] = lambda spec: True
+
+
+def _torch_conv2d(x, w, b, stride, residual, relu):
+    y = F.conv2d(x, w, b, stride=stride, padding=w.shape[-1] // 2)
+    if residual is not None:
+        y = y + residual
+    return torch.relu(y) if relu else y
+
+
+def _torch_head(x, w, b):
+    return F.conv3d(x, w, b, padding=(0, 1, 1)).clamp(-1.0, 1.0)
+
+
+def _f16_candidate(variant: str) -> Candidate:
+    from .kernels import conv3x3 as k  # registers the op; touches no CUDA
+
+    def supports(s: Spec) -> str | None:
+        if not s.device.startswith("cuda"):
+            return "CPU tensor"
+        return k.unsupported_reason(s.x_shape, s.w_shape, s.dtype, s.stride, variant)
+
+    def run(x, w, b, stride, residual, relu):
+        return torch.ops.taesd_fast.conv3x3_f16(x, w, b, residual, stride, relu, variant)
+
+    def ready(s: Spec) -> bool:
+        defines = k.kernel_defines(s.w_shape[1], s.w_shape[0], s.stride, variant)
+        return _backend.is_loaded(k._SOURCE, f"conv3x3_{variant}", defines, s.device)
+
+    return Candidate(f"f16_{variant}", "conv2d", supports, run, True, ready)
+
+
+_always = lambda s: None  # noqa: E731
+CANDIDATES: list[Candidate] = [
+    Candidate("torch", "conv2d", _always, _torch_conv2d, kernel=False),
+    _f16_candidate("rb"),
+    _f16_candidate("ocb4"),
+    _f16_candidate("tile"),
+    Candidate("torch", "head", _always, _torch_head, kernel=False),
+    Candidate("split_bf16", "head", _split_head.spec_unsupported_reason, _split_head.split_head_conv, True,
+              _split_head.spec_ready),
+]
+# Forced-kernel mode with no timings: the order measured best on H200 for SIMT kernels.
+_DEFAULT_ORDER = ("f16_rb", "f16_ocb4", "f16_tile")
+
+
+_RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}
+
+
+def register_candidate(c: Candidate) -> None:
+    """Add (or replace, by name and kind) a candidate; e.g. the head kernels register themselves."""
+    CANDIDATES[:] = [o for o in CANDIDATES if (o.name, o.kind) != (c.name, c.kind)] + [c]
+    _RUN[(c.kind, c.name)] = c.run
+    _decided.clear()
+
+
+def _by_name(kind: str, name: str) -> Candidate:
+    for c in CANDIDATES:
+        if c.kind == kind and c.name == name:
+            return c
+    raise KeyError(f"no {kind} candidate named {name!r}")
+
+
+# ------------------------------------------------------------------------------------ mode
+
+
+def set_backend(mode: str) -> None:
+    global _mode
+    if mode not in _MODES:
+        raise ValueError(f"backend mode must be one of {_MODES}, got {mode!r}")
+    _mode = mode
+
+
+def get_backend() -> str:
+    return _mode
+
+
+@contextlib.contextmanager
+def backend(mode: str):
+    """with backend("torch"|"kernels"|"auto"): ... restores the previous mode on exit."""
+    prev = _mode
+    set_backend(mode)
+    try:
+        yield
+    finally:
+        set_backend(prev)
+
+
+# ------------------------------------------------------------------------------------ timing cache
+
+_lock = threading.RLock()
+_decided: dict[tuple, str] = {}  # (mode, Spec) -> candidate name; the per-call fast path
+_timings: dict[str, dict] | None = None  # Spec.key -> {"ms": {name: ms}, ...}; disk-backed
+_gpu_names: dict[str, str] = {}
+_records: "weakref.WeakKeyDictionary[nn.Module, dict[Spec, Record]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class Record:
+    spec: Spec
+    choice: str
+    why: str
+    ms: dict  # candidate name -> median ms (timed candidates only)
+    skipped: dict  # candidate name -> reason it was not eligible
+
+
+def _timings_path():
+    return _backend.cache_dir() / "dispatch" / "timings.json"
+
+
+def _read_json(path) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def _file_lock(path):
+    try:
+        from filelock import FileLock
+    except ImportError:  # filelock comes with huggingface_hub; without it fall back to flock
+        import fcntl
+
+        with open(str(path) + ".lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        return
+    with FileLock(str(path) + ".lock", timeout=60):
+        yield
+
+
+def store_timings(entries: dict, path=None) -> dict:
+    """Merge `entries` into the JSON file under a lock (re-read, update, atomic replace); returns the
+    merged content. Safe with several processes writing at once."""
+    path = _timings_path() if path is None else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(path):
+        data = _read_json(path)
+        data.update(entries)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    return data
+
+
+def _cached(key: str) -> dict | None:
+    global _timings
+    if _timings is None:
+        _timings = _read_json(_timings_path())
+    return _timings.get(key)
+
+
+def _remember(key: str, entry: dict) -> None:
+    global _timings
+    try:
+        _timings = store_timings({key: entry})
+    except OSError:  # read-only cache dir: keep the result for this process only
+        _timings = dict(_timings or {}, **{key: entry})
+
+
+def clear_cache(disk: bool = False) -> None:
+    """Forget in-process decisions and records (and the timings file if disk=True)."""
+    global _timings
+    with _lock:
+        _decided.clear()
+        _records.clear()
+        _timings = None
+        if disk:
+            with contextlib.suppress(OSError):
+                _timings_path().unlink()
+
+
+def _gpu_name(device: str) -> str:
+    if device not in _gpu_names:
+        _gpu_names[device] = torch.cuda.get_device_name(torch.device(device)).replace("|", "/")
+    return _gpu_names[device]
+
+
+def _fresh_like(t: Tensor | None, scale: float = 1.0) -> Tensor | None:
+    """Random non-zero stand-in with the same shape, dtype, device and strides."""
+    if t is None:
+        return None
+    r = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return r.normal_(0.0, scale)
+
+
+def _fresh_args(kind: str, args: tuple) -> tuple:
+    if kind == "conv2d":
+        x, w, b, stride, res, relu = args
+        fan_in = w[0].numel()
+        return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu)
+    x, w, b = args
+    return (_fresh_like(x), _fresh_like(w, w[0].numel() ** -0.5), _fresh_like(b, 0.1))
+
+
+def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS) -> tuple[dict, dict]:
+    """Median ms per candidate with CUDA events on fresh random inputs; interleaved reps so clock
+    drift hits all candidates alike. Returns (ms, failures)."""
+    fresh = _fresh_args(kind, args)
+    ok, failed = [], {}
+    for c in cands:
+        try:
+            for _ in range(_WARMUP):
+                c.run(*fresh)
+            torch.cuda.synchronize()
+            ok.append(c)
+        except Exception as e:  # a kernel that cannot build/launch here is simply not a candidate
+            failed[c.name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    if not ok:
+        return {}, failed
+    # Iterations per rep so each rep is ~1 ms of work: launch overhead does not dominate.
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    iters = {}
+    for c in ok:
+        e0.record()
+        c.run(*fresh)
+        e1.record()
+        e1.synchronize()
+        iters[c.name] = max(1, min(50, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
+    events = {c.name: [] for c in ok}
+    for _ in range(reps):
+        for c in ok:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(iters[c.name]):
+                c.run(*fresh)
+            e.record()
+            events[c.name].append((s, e))
+    torch.cuda.synchronize()
+    ms = {n: statistics.median(s.elapsed_time(e) / iters[n] for s, e in ev) for n, ev in events.items()}
+    return ms, failed
+
+
+# ------------------------------------------------------------------------------------ decision
+
+
+def _eligible(spec: Spec) -> tuple[list[Candidate], dict]:
+    """Candidates of spec.kind that support it (custom kernels also need kernels_available)."""
+    out, skipped = [], {}
+    kernel_reason = None
+    for c in CANDIDATES:
+        if c.kind != spec.kind:
+            continue
+        why = c.supports(spec)
+        if why is None and c.kernel:
+            if kernel_reason is None:
+                kernel_reason = _backend.kernels_unavailable_reason(spec.device) if spec.device.startswith("cuda") else "CPU tensor"
+                kernel_reason = kernel_reason or ""
+            why = kernel_reason or None
+        if why is None:
+            out.append(c)
+        else:
+            skipped[c.name] = why
+    return out, skipped
+
+
+def _decide(spec: Spec, mode: str, args: tuple) -> Record:
+    """Full (slow-path) decision for one spec in eager mode; may time candidates."""
+    cands, skipped = _eligible(spec)
+    kernels = [c for c in cands if c.kernel]
+    ref = next(c for c in cands if not c.kernel)
+    if mode == "torch" or not kernels:
+        why = "forced torch" if mode == "torch" else "no custom kernel supports this call"
+        return Record(spec, ref.name, why, {}, skipped)
+    key = spec.key(_gpu_name(spec.device))
+    entry = _cached(key)
+    if mode == "kernels":  # tests force kernels on many shapes: use timings if any, never time
+        return _static_record(spec, mode, cands, skipped, entry, "no timings")
+    timed = [c.name for c in cands]
+    if entry is None or any(n not in entry["ms"] and n not in entry.get("failed", {}) for n in timed):
+        if not _can_time():
+            return _static_record(spec, mode, cands, skipped, entry, "not timed (compiling/capturing)")
+        ms, failed = measure(cands, spec.kind, args)
+        entry = {"ms": ms, "failed": failed}
+        _remember(key, entry)
+        why = "measured"
+    else:
+        why = "cached timings"
+    return _pick(spec, mode, cands, skipped, entry, why)
+
+
+def _pick(spec, mode, cands, skipped, entry, why) -> Record:
+    ms = {n: t for n, t in entry["ms"].items() if any(c.name == n for c in cands)}
+    skipped = dict(skipped, **entry.get("failed", {}))
+    ref = next(c.name for c in cands if not c.kernel)
+    kern = {n: t for n, t in ms.items() if n != ref and n not in entry.get("failed", {})}
+    if mode == "kernels":
+        if kern:
+            return Record(spec, min(kern, key=kern.get), f"forced kernels, {why}", ms, skipped)
+        return Record(spec, ref, "forced kernels, but every kernel failed", ms, skipped)
+    best = min(kern, key=kern.get) if kern else None
+    if best is not None and ref in ms and kern[best] < _MARGIN * ms[ref]:
+        return Record(spec, best, why, ms, skipped)
+    return Record(spec, ref, why, ms, skipped)
+
+
+def _static_record(spec, mode, cands, skipped, entry, why) -> Record:
+    """Decision without timing: cached timings if any, else the default kernel order (forced mode) or
+    PyTorch (auto). Used while compiling / capturing."""
+    if entry is not None and entry.get("ms"):
+        return _pick(spec, mode, cands, skipped, entry, why)
+    names = [c.name for c in cands]
+    if mode == "kernels":
+        for n in _DEFAULT_ORDER:
+            if n in names:
+                return Record(spec, n, f"forced kernels, default order ({why})", {}, skipped)
+    return Record(spec, next(c.name for c in cands if not c.kernel), why, {}, skipped)
+
+
+def _can_time() -> bool:
+    return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+
+
+def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
+    """Run function for this call. The fast path is one dict lookup on plain tuples, so torch.compile
+    traces it (guarding on the dicts) and bakes in the decision made eagerly for this shape."""
+    mode = _mode
+    name = _decided.get((mode, key))
+    if name is None:
+        if torch.compiler.is_compiling():
+            name = "torch"  # nothing decided eagerly for this shape: never time or compile while tracing
+        else:
+            name = _decide_eager(key, mode, args, layer)
+    return _RUN[(key[0], name)]
+
+
+def _decide_eager(key: tuple, mode: str, args: tuple, layer) -> str:
+    spec = Spec(*key)
+    with _lock:
+        rec = _decide(spec, mode, args)
+        if rec.choice != "torch" and torch.cuda.is_current_stream_capturing():
+            if not _by_name(spec.kind, rec.choice).ready(spec):  # loading a module mid-capture is unsafe
+                rec = Record(spec, "torch", f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
+        _decided[(mode, key)] = rec.choice
+        if layer is not None:
+            _records.setdefault(layer, {})[spec] = rec
+        return rec.choice
+
+
+def _key(kind, x, w, b, stride, residual, relu) -> tuple:
+    """Plain-tuple form of Spec (same field order)."""
+    return (kind, str(x.device), tuple(x.shape), tuple(w.shape), x.dtype, int(stride), b is not None,
+            residual is not None, bool(relu), _layout(x))
+
+
+# ------------------------------------------------------------------------------------ contract
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int = 1,
+           residual: Tensor | None = None, relu: bool = False, layer: nn.Module | None = None) -> Tensor:
+    """y = conv2d(x, weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu.
+    x: [B, C_in, H, W]; weight: [C_out, C_in, k, k]; residual: [B, C_out, Ho, Wo]."""
+    args = (x, weight, bias, stride, residual, relu)
+    if _mode == "torch":
+        return _torch_conv2d(*args)
+    return _choose(_key("conv2d", *args), args, layer)(*args)
+
+
+def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Module | None = None) -> Tensor:
+    """clamp(conv3d(x, weight, bias, padding=(0, 1, 1)), -1, 1).
+    x: [B, C_in, T+2, H, W] (causal frames in front); weight: [C_out, C_in, 3, 3, 3] -> [B, C_out, T, H, W]."""
+    args = (x, weight, bias)
+    if _mode == "torch":
+        return _torch_head(*args)
+    return _choose(_key("head", x, weight, bias, 1, None, False), args, layer)(*args)
+
+
+# ------------------------------------------------------------------------------------ reporting
+
+
+def tune(fn: Callable, *args, **kwargs):
+    """Run fn(*args) once in auto mode without grad, so every conv it reaches is timed and cached
+    (do this before torch.compile or CUDA-graph capture). Returns fn's output."""
+    with backend("auto"), torch.no_grad():
+        return fn(*args, **kwargs)
+
+
+def _fmt_shape(s) -> str:
+    return "x".join(map(str, s))
+
+
+def dispatch_table(model: nn.Module) -> str:
+    """One row per (layer, shape) that went through dispatch in eager mode: choice and timings."""
+    rows = []
+    for name, mod in model.named_modules():
+        for spec, r in _records.get(mod, {}).items():
+            flags = "+".join(f for f, on in (("bias", spec.bias), ("res", spec.residual), ("relu", spec.relu)) if on)
+            times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
+            rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),
+                         str(spec.dtype).replace("torch.", ""), str(spec.stride), flags or "-", spec.layout, r.choice,
+                         r.why, times or "-"])
+    head = ["layer", "input", "weight", "dtype", "s", "epilogue", "layout", "choice", "why", "median ms"]
+    lines = [f"dispatch mode={_mode}"]
+    if not rows:
+        lines.append("(no convs dispatched yet: run the model once on the device, e.g. dispatch.tune(model, x))")
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""taesd_fast::conv3x3_f16: direct 3x3 conv (pad 1, stride 1|2) on f16 NCHW, f32 accumulation,
+fused bias + residual + ReLU. Kernels in csrc/conv3x3_f16.cu; `conv3x3_f16_ref` is the PyTorch twin
+(same signature, same maths) that runs on CPU and that tests compare against.
+
+    y = conv2d(x, w, b, stride, padding=1) (+ residual); relu(y) if relu
+    x: [B, C_in, H, W] f16   w: [C_out, C_in, 3, 3] f16   b: [C_out] f16 | None
+    residual: [B, C_out, Ho, Wo] f16 | None,  Ho = (H - 1) // stride + 1
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["VARIANTS", "MAX_CHANNELS", "conv3x3_f16", "kernel_defines", "conv3x3_f16_ref", "check_conv3x3_f16", "unsupported_reason"]
+
+VARIANTS = ("tile", "ocb4", "rb")
+MAX_CHANNELS = 64
+_SOURCE = "conv3x3_f16.cu"
+_GRID_Z_MAX = 65535  # kernels loop over grid.z, so a large B*groups is clamped, not refused
+POISON_OUTPUT = False  # tests set this: NaN-fill the output before launch, so unwritten elements show
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kernel_defines(c_in: int, c_out: int, stride: int, variant: str) -> dict[str, int]:
+    """NVRTC -D defines for one kernel: one compile per (variant, C_in, C_out, stride)."""
+    return {"CIN": c_in, "COUT": c_out, "STRIDE": stride, "VARIANT": VARIANTS.index(variant) + 1}
+
+
+def _launch_shape(variant: str, B: int, c_out: int, Ho: int, Wo: int):
+    """(grid, block); must mirror the tile constants in conv3x3_f16.cu (namespaces tile/ocb4/rb)."""
+    if variant == "tile":
+        return (_cdiv(Wo, 16), _cdiv(Ho, 16), min(B, _GRID_Z_MAX)), (16, 16, 1)
+    if variant == "ocb4":
+        ogb = min(2, _cdiv(c_out, 4))
+        groups = _cdiv(c_out, 4 * ogb)
+        return (_cdiv(Wo, 16), _cdiv(Ho, 8), min(B * groups, _GRID_Z_MAX)), (16, 8, ogb)
+    oct_ = 4 if c_out <= 4 else 8  # rb: output channels per thread
+    ogb = min(4, _cdiv(c_out, oct_))
+    groups = _cdiv(c_out, oct_ * ogb)
+    return (_cdiv(Wo, 16), _cdiv(Ho, 16), min(B * groups, _GRID_Z_MAX)), (8, 8, ogb)
+
+
+def unsupported_reason(x_shape, w_shape, dtype, stride: int, variant: str) -> str | None:
+    """Why (x, w, stride, variant) is outside what the kernels handle, or None. Shapes only: no tensors."""
+    if variant not in VARIANTS:
+        return f"unknown variant {variant!r} (expected one of {VARIANTS})"
+    if dtype != torch.float16:
+        return f"dtype {dtype} (kernels are float16 only)"
+    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3):
+        return f"weight shape {tuple(w_shape)} is not a 3x3 conv [C_out, C_in, 3, 3]"
+    c_out, c_in = w_shape[0], w_shape[1]
+    if not (1 <= c_in <= MAX_CHANNELS and 1 <= c_out <= MAX_CHANNELS):
+        return f"C_in={c_in}, C_out={c_out} (kernels need 1..{MAX_CHANNELS})"
+    if len(x_shape) != 4 or x_shape[1] != c_in:
+        return f"input shape {tuple(x_shape)} does not match weight C_in={c_in} (groups are not supported)"
+    if stride not in (1, 2):
+        return f"stride {stride} (kernels do 1 or 2)"
+    if variant == "rb" and stride != 1:
+        return "the register-blocked variant is stride 1 only"
+    return None
+
+
+def check_conv3x3_f16(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, variant: str):
+    """Validate arguments; raise TypeError/ValueError naming what is wrong and what was expected."""
+    for name, t in (("x", x), ("w", w), ("b", b), ("residual", residual)):
+        if t is not None and t.dtype != torch.float16:
+            raise TypeError(f"conv3x3_f16: {name} must be torch.float16, got {t.dtype}")
+        if t is not None and t.device != x.device:
+            raise ValueError(f"conv3x3_f16: {name} is on {t.device} but x is on {x.device}")
+    if x.dim() != 4:
+        raise ValueError(f"conv3x3_f16: x must be 4-D [B, C_in, H, W], got shape {tuple(x.shape)}")
+    reason = unsupported_reason(x.shape, w.shape, x.dtype, stride, variant)
+    if reason is not None:
+        raise ValueError(f"conv3x3_f16: {reason}")
+    B, _, H, W = x.shape
+    if B < 1 or H < 1 or W < 1:
+        raise ValueError(f"conv3x3_f16: x must be non-empty, got shape {tuple(x.shape)}")
+    if H * W >= 2**31:
+        raise ValueError(f"conv3x3_f16: H*W={H * W} must be < 2**31 (32-bit plane indexing)")
+    c_out = w.shape[0]
+    if b is not None and tuple(b.shape) != (c_out,):
+        raise ValueError(f"conv3x3_f16: b must have shape ({c_out},), got {tuple(b.shape)}")
+    out_shape = (B, c_out, (H - 1) // stride + 1, (W - 1) // stride + 1)
+    if residual is not None and tuple(residual.shape) != out_shape:
+        raise ValueError(f"conv3x3_f16: residual must have the output shape {out_shape}, got {tuple(residual.shape)}")
+    return out_shape
+
+
+def conv3x3_f16_ref(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                    variant: str = "tile") -> Tensor:
+    """PyTorch twin: fp32 conv of the f16 values, + bias + residual, ReLU, one rounding to the input dtype."""
+    y = F.conv2d(x.float(), w.float(), None if b is None else b.float(), stride=stride, padding=1)
+    if residual is not None:
+        y = y + residual.float()
+    if relu:
+        y = torch.relu(y)
+    return y.to(x.dtype)
+
+
+@torch.library.custom_op("taesd_fast::conv3x3_f16", mutates_args=())
+def conv3x3_f16(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                variant: str) -> Tensor:
+    out_shape = check_conv3x3_f16(x, w, b, residual, stride, variant)
+    if x.device.type != "cuda":
+        return conv3x3_f16_ref(x, w, b, residual, stride, relu, variant)
+    from .._backend import get_kernel
+
+    x, w = x.contiguous(), w.contiguous()
+    b = None if b is None else b.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    c_out, c_in = w.shape[0], w.shape[1]
+    y = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    if POISON_OUTPUT:
+        y.fill_(float("nan"))
+    kernel = get_kernel(_SOURCE, f"conv3x3_{variant}", kernel_defines(c_in, c_out, stride, variant), x.device)
+    grid, block = _launch_shape(variant, out_shape[0], c_out, out_shape[2], out_shape[3])
+    flags = (b is not None) * 1 | (residual is not None) * 2 | bool(relu) * 4
+    B, _, H, W = x.shape
+    with torch.cuda.device(x.device):  # launches go to this device's current stream
+        kernel(grid, block, [x, w, b, residual, y, B, H, W, out_shape[2], out_shape[3], flags])
+    return y
+
+
+@conv3x3_f16.register_fake
+def _(x, w, b, residual, stride, relu, variant):
+    if x.dim() != 4 or w.dim() != 4:
+        raise ValueError(f"conv3x3_f16: x and w must be 4-D, got {tuple(x.shape)} and {tuple(w.shape)}")
+    B, _, H, W = x.shape
+    return x.new_empty((B, w.shape[0], (H - 1) // stride + 1, (W - 1) // stride + 1))

@@ -1,0 +1,396 @@
+"""Split form of the Wan head's causal 3x3x3 conv: a temporal conv to 9 taps x C_out, then a 9-tap stencil.
+
+    g[b, t, h, w, (i*3+j)*C_out + c] = sum_k sum_cin W[c, cin, k, i, j] * x[b, cin, t+k, h, w]   conv_n128
+    out[b, c, t, h, w] = clamp(bias[c] + sum_ij g[b, t, h+i-1, w+j-1, (i*3+j)*C_out + c], -1, 1)  head_stencil
+
+g has GC=112 channels (108 used) in bf16, channels innermost, so the stencil reads 224 bytes per pixel
+instead of the 256-channel input nine times. conv_n128 has two CUDA forms, picked by x's layout:
+  * NCDHW x: one cuBLAS GEMM per batch, g^T = x viewed as [C*(T+2), H*W] (no copy) times a block-Toeplitz
+    weight [C*(T+2), T*GC]; g comes out pixel-major (B, H, W, T, GC). Half the Toeplitz is zeros at T=4,
+    but it reads x once and needs no layout conversion (cuDNN's NCDHW 3x1x1 conv is ~3x slower).
+  * channels_last_3d x: cuDNN's 3x1x1 conv to GC channels; g comes out dense (B, T, H, W, GC).
+head_stencil is our NVRTC kernel (csrc/head_bf16.cu) and reads either g layout through strides.
+Both ops are torch.library ops with PyTorch twins (`*_ref`, fp32 math) that run on CPU.
+
+Row bands: head_stencil computes output rows [lo, lo+rows) of an image of height H_global from a g that
+holds global rows [max(lo-g_off, 0), min(lo+rows+g_off, H_global)): g_off halo rows on each side,
+clipped at the true image border, which is exactly what conv_n128 gives on the matching row slice of x.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+GC = 112  # g channels: 9 taps x 12 outputs = 108, padded so each g pixel starts 16-byte aligned
+_CL3D = torch.channels_last_3d
+
+__all__ = [
+    "GC", "conv_n128", "conv_n128_ref", "head_stencil", "head_stencil_ref", "launch_head_stencil", "pack_weight",
+    "toeplitz_weight", "split_head_conv", "split_head_conv_ref", "split_unsupported_reason",
+    "spec_unsupported_reason", "spec_ready",
+]
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def pack_weight(weight: Tensor, gc: int = GC) -> Tensor:
+    """[C_out, C_in, 3, 3, 3] -> [gc, C_in, 3, 1, 1] with row (i*3+j)*C_out + c = W[c, :, :, i, j]; pad rows 0."""
+    c_out, c_in = weight.shape[:2]
+    wp = weight.permute(3, 4, 0, 1, 2).reshape(9 * c_out, c_in, 3)
+    wp = F.pad(wp, (0, 0, 0, 0, 0, gc - 9 * c_out))
+    return wp.reshape(gc, c_in, 3, 1, 1)
+
+
+def toeplitz_weight(w_packed: Tensor, T: int) -> Tensor:
+    """[N, C, 3, 1, 1] -> [C*(T+2), T*N]: row c*(T+2)+s, column t*N+n holds w_packed[n, c, s-t]
+    (0 where s-t is not in 0..2)."""
+    n, c = w_packed.shape[:2]
+    wk = w_packed.reshape(n, c, 3).permute(1, 2, 0)  # [C, 3, N]
+    wt = w_packed.new_zeros((c, T + 2, T, n))
+    for t in range(T):
+        wt[:, t: t + 3, t] = wk
+    return wt.reshape(c * (T + 2), T * n)
+
+
+class _Derived:
+    """Tensors derived from a source tensor (packed weights), keyed on (data_ptr, version, shape, stride,
+    dtype, device, tag). Each entry keeps its source alive, so the address cannot be reused by another
+    tensor while the entry exists; the version counter catches in-place updates. Bypassed during CUDA-graph
+    capture: a graph must not depend on tensors this cache may evict."""
+
+    def __init__(self, size: int = 16):
+        self._size, self._d, self._lock = size, {}, threading.Lock()
+
+    def get(self, src: Tensor, tag, build: Callable[[], Tensor]) -> Tensor:
+        if src.is_cuda and torch.cuda.is_current_stream_capturing():
+            return build()
+        key = (src.data_ptr(), src._version, tuple(src.shape), src.stride(), src.dtype, src.device, tag)
+        with self._lock:
+            hit = self._d.get(key)
+        if hit is not None:
+            return hit[0]
+        val = build()
+        with self._lock:
+            if len(self._d) >= self._size:
+                self._d.pop(next(iter(self._d)))
+            self._d[key] = (val, src)
+        return val
+
+
+_derived = _Derived()
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def _is_cl(x: Tensor) -> bool:
+    # Channels innermost (also true of a row slice of a channels_last_3d x): cuDNN then runs NDHWC.
+    return x.shape[1] > 1 and x.stride(1) == 1
+
+
+def _gemm_ok(x: Tensor) -> bool:
+    """x (or a row slice of it) is NCDHW-ordered: viewable as a [C*(T+2), rows*W] matrix with unit column stride."""
+    _, _, s, h, w = x.shape
+    return (not _is_cl(x) and x.stride(4) == 1 and x.stride(3) == w and x.stride(1) == s * x.stride(2)
+            and x.stride(2) >= h * w)
+
+
+def _empty_g(x: Tensor, n: int) -> Tensor:
+    """g [B, T, H, W, n] in the memory order conv_n128 produces for this x (fake, twin and kernel agree)."""
+    b, _, s, h, w = x.shape
+    if _gemm_ok(x):
+        return x.new_empty((b, h, w, s - 2, n)).permute(0, 3, 1, 2, 4)  # pixel-major, the GEMM's output
+    return x.new_empty((b, s - 2, h, w, n))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_conv_n128(x: Tensor, w_packed: Tensor) -> None:
+    if x.dim() != 5:
+        raise ValueError(f"conv_n128: x must be [B, C_in, T+2, H, W], got shape {tuple(x.shape)}")
+    if w_packed.dim() != 5 or tuple(w_packed.shape[2:]) != (3, 1, 1) or w_packed.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"conv_n128: w_packed must be [N, {x.shape[1]}, 3, 1, 1] (see pack_weight), got {tuple(w_packed.shape)}"
+        )
+    if x.shape[2] < 3:
+        raise ValueError(f"conv_n128: x needs T+2 >= 3 frames (2 causal frames in front), got {x.shape[2]}")
+
+
+def _check_stencil(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> int:
+    """Raise ValueError naming expected and actual shapes; return g_start (global row of g row 0)."""
+    if bias.dim() != 1:
+        raise ValueError(f"head_stencil: bias must be [C_out], got shape {tuple(bias.shape)}")
+    nch = bias.shape[0]
+    if not (0 <= lo and rows >= 1 and lo + rows <= H_global):
+        raise ValueError(f"head_stencil: band rows [{lo}, {lo + rows}) is not inside an image of height {H_global}")
+    if g_off < 0 or (g_off == 0 and (lo > 0 or lo + rows < H_global)):
+        raise ValueError(
+            f"head_stencil: a band [{lo}, {lo + rows}) inside an image of height {H_global} needs g_off >= 1 "
+            f"halo rows (the 3x3 taps reach one row past the band), got g_off={g_off}"
+        )
+    g_start, g_end = max(lo - g_off, 0), min(lo + rows + g_off, H_global)
+    if g.dim() != 5:
+        raise ValueError(f"head_stencil: g must be [B, T, rows_g, W, GC] (from conv_n128), got shape {tuple(g.shape)}")
+    if g.shape[1] != depth or g.shape[2] != g_end - g_start:
+        raise ValueError(
+            f"head_stencil: g must be [B, T={depth}, rows_g={g_end - g_start}, W, GC] for output rows "
+            f"[{lo}, {lo + rows}) of height {H_global} with g_off={g_off} (g holds global rows [{g_start}, {g_end})), "
+            f"got {tuple(g.shape)}"
+        )
+    if g.shape[4] < 9 * nch:
+        raise ValueError(
+            f"head_stencil: g needs >= 9*C_out = {9 * nch} channels for C_out={nch}, got shape {tuple(g.shape)}"
+        )
+    return g_start
+
+
+# --------------------------------------------------------------------------- conv_n128
+
+
+def conv_n128_ref(x: Tensor, w_packed: Tensor) -> Tensor:
+    """PyTorch twin (fp32 math): x [B, C_in, T+2, H, W], w_packed [N, C_in, 3, 1, 1] -> g [B, T, H, W, N], x.dtype."""
+    _check_conv_n128(x, w_packed)
+    y = F.conv3d(x.float(), w_packed.float())  # [B, N, T, H, W]
+    return _empty_g(x, w_packed.shape[0]).copy_(y.permute(0, 2, 3, 4, 1))
+
+
+def _conv_n128_cudnn(x: Tensor, w_packed: Tensor) -> Tensor:
+    """cuDNN 3x1x1 conv; weight layout matched to x's so cuDNN copies neither."""
+    w = w_packed.to(x.dtype).contiguous(memory_format=_CL3D if _is_cl(x) else torch.contiguous_format)
+    y = F.conv3d(x, w).permute(0, 2, 3, 4, 1)  # dense already when x is channels-last
+    g = _empty_g(x, w_packed.shape[0])
+    return y if y.stride() == g.stride() else g.copy_(y)
+
+
+@contextlib.contextmanager
+def _fp32_reduction():
+    """PyTorch lets cuBLAS split K and add the partial sums in bf16 by default. Measured on H200: a 16-row band
+    (small M) then differed from the full frame by 3e-3 relative. Forbid it for our GEMM (a global flag, restored)."""
+    m = torch.backends.cuda.matmul
+    old = m.allow_bf16_reduced_precision_reduction
+    try:
+        old = (old, m.allow_bf16_reduced_precision_reduction_split_k)  # torch >= 2.12 has a split-K flag too
+    except AttributeError:
+        pass
+    m.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_bf16_reduced_precision_reduction = old
+
+
+def _conv_n128_gemm(x: Tensor, w_packed: Tensor, wt: Tensor | None = None) -> Tensor:
+    """g^T = x as [C*(T+2), rows*W] (a strided view) times the block-Toeplitz weight; needs _gemm_ok(x)."""
+    b, c, s, h, w = x.shape
+    n = w_packed.shape[0]
+    if wt is None:
+        wt = toeplitz_weight(w_packed.to(x.dtype), s - 2)
+    xm = x.as_strided((b, c * s, h * w), (x.stride(0), x.stride(2), 1))
+    g = _empty_g(x, n)
+    gm = g.permute(0, 2, 3, 1, 4).view(b, h * w, (s - 2) * n)  # the dense (B, H, W, T, N) storage
+    with _fp32_reduction():
+        for i in range(b):
+            torch.mm(xm[i].t(), wt, out=gm[i])  # xm[i].t() has unit row stride: cuBLAS reads it transposed, no copy
+    return g
+
+
+@torch.library.custom_op("taesd_fast::conv_n128", mutates_args=())
+def conv_n128(x: Tensor, w_packed: Tensor) -> Tensor:
+    """Temporal 3x1x1 conv to N = w_packed.shape[0] channels, channels innermost: g [B, T, H, W, N], x.dtype."""
+    return conv_n128_ref(x, w_packed)
+
+
+@conv_n128.register_kernel("cuda")
+def _conv_n128_cuda(x: Tensor, w_packed: Tensor) -> Tensor:
+    _check_conv_n128(x, w_packed)
+    if _gemm_ok(x):
+        t = x.shape[2] - 2
+        wt = _derived.get(w_packed, ("toeplitz", t, x.dtype), lambda: toeplitz_weight(w_packed.to(x.dtype), t))
+        return _conv_n128_gemm(x, w_packed, wt)
+    return _conv_n128_cudnn(x, w_packed)
+
+
+@conv_n128.register_fake
+def _conv_n128_fake(x: Tensor, w_packed: Tensor) -> Tensor:
+    _check_conv_n128(x, w_packed)
+    return _empty_g(x, w_packed.shape[0])
+
+
+# --------------------------------------------------------------------------- head_stencil
+
+
+def _new_out(like: Tensor, b: int, nch: int, depth: int, rows: int, w: int) -> Tensor:
+    # [B, C_out, T, rows, W] channels-last: memory order (B, T, rows, W, C_out), as the kernel writes it.
+    return torch.empty((b, nch, depth, rows, w), dtype=like.dtype, device=like.device, memory_format=_CL3D)
+
+
+def head_stencil_ref(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+    """PyTorch twin of the kernel; same tap order, so bit-equal on the same g."""
+    g_start = _check_stencil(g, bias, depth, lo, rows, H_global, g_off)
+    nch, (b, t, _, w, gc) = bias.shape[0], g.shape
+    # canvas row r holds global row lo-1+r, zero outside the image; columns 0 and W+1 are the zero border.
+    canvas = g.new_zeros((b, t, rows + 2, w + 2, gc), dtype=torch.float32)
+    a, e = max(lo - 1, 0), min(lo + rows + 1, H_global)
+    canvas[:, :, a - (lo - 1): e - (lo - 1), 1: w + 1] = g[:, :, a - g_start: e - g_start].float()
+    acc = bias.float().view(1, 1, 1, 1, nch).expand(b, t, rows, w, nch).clone()
+    for i in range(3):
+        for j in range(3):
+            k = i * 3 + j
+            acc = acc + canvas[:, :, i: i + rows, j: j + w, k * nch: (k + 1) * nch]
+    out = _new_out(g, b, nch, depth, rows, w)
+    out.copy_(acc.clamp(-1, 1).permute(0, 4, 1, 2, 3))
+    return out
+
+
+@torch.library.custom_op("taesd_fast::head_stencil", mutates_args=())
+def head_stencil(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+    """g [B, T=depth, rows_g, W, GC] (bf16 or f32, channels dense), bias [C_out] -> [B, C_out, T, rows, W]
+    channels_last_3d, g.dtype."""
+    return head_stencil_ref(g, bias, depth, lo, rows, H_global, g_off)
+
+
+def _kernel_strides_ok(g: Tensor) -> bool:
+    # Vector loads: dense channels, every used stride a multiple of 4 elements, 16-byte aligned base.
+    return (g.stride(4) == 1 and g.data_ptr() % 16 == 0
+            and all(st % 4 == 0 for st, sz in zip(g.stride()[:4], g.shape[:4]) if sz > 1))
+
+
+@head_stencil.register_kernel("cuda")
+def _head_stencil_cuda(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+    from .._backend import kernels_available
+
+    g_start = _check_stencil(g, bias, depth, lo, rows, H_global, g_off)
+    b, t, _, w, _ = g.shape
+    if g.dtype not in (torch.bfloat16, torch.float32) or max(b, t) > 65535 or not kernels_available(g.device):
+        return head_stencil_ref(g, bias, depth, lo, rows, H_global, g_off)
+    if not _kernel_strides_ok(g):
+        g = g.clone(memory_format=torch.contiguous_format)
+    out = _new_out(g, b, bias.shape[0], depth, rows, w)
+    launch_head_stencil(g, bias.to(device=g.device, dtype=torch.float32).contiguous(), out, lo, H_global, g_start)
+    return out
+
+
+def launch_head_stencil(g: Tensor, b32: Tensor, out: Tensor, lo: int, H_global: int, g_start: int) -> None:
+    """Raw launch into a caller-made `out` [B, C_out, T, rows, W] channels_last_3d (tests poison it first).
+    Arguments as checked by _check_stencil; g strides as _kernel_strides_ok requires."""
+    import ctypes
+
+    from .._backend import get_kernel
+
+    b, t, rows_g, w, gc = g.shape
+    nch, rows = b32.shape[0], out.shape[3]
+    if out.numel() == 0:
+        return
+    k = get_kernel("head_bf16.cu", "head_stencil", {"NCH": nch, "GC": gc, "G_F32": int(g.dtype == torch.float32)},
+                   device=g.device)
+    threads = 256
+    strides = [ctypes.c_int64(st) for st in g.stride()[:4]]
+    k(((rows * w + threads - 1) // threads, t, b), (threads,),
+      [g, b32, out, rows, w, rows_g, lo, H_global, g_start, *strides])
+
+
+@head_stencil.register_fake
+def _head_stencil_fake(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+    _check_stencil(g, bias, depth, lo, rows, H_global, g_off)
+    return _new_out(g, g.shape[0], bias.shape[0], depth, rows, g.shape[3])
+
+
+# --------------------------------------------------------------------------- the full head conv
+
+
+def _unsupported(device_type: str, x_shape, w_shape, dtype: torch.dtype) -> str | None:
+    if device_type != "cuda":
+        return "needs a CUDA tensor"
+    if dtype != torch.bfloat16:
+        return "bf16 only"
+    if len(x_shape) != 5 or len(w_shape) != 5 or tuple(w_shape[2:]) != (3, 3, 3) or w_shape[1] != x_shape[1]:
+        return "needs x [B, C_in, T+2, H, W] and weight [C_out, C_in, 3, 3, 3]"
+    if 9 * w_shape[0] > GC:
+        return f"C_out={w_shape[0]}: 9*C_out must be <= {GC}"
+    if x_shape[2] < 3:
+        return "needs T+2 >= 3 frames"
+    if max(x_shape[0], x_shape[2] - 2) > 65535:
+        return "B or T > 65535"
+    return None
+
+
+def split_unsupported_reason(x: Tensor, weight: Tensor, bias: Tensor | None) -> str | None:
+    """None if split_head_conv's GPU path handles these arguments, else why not."""
+    if weight.dtype != x.dtype:
+        return "x and weight dtypes differ"
+    why = _unsupported(x.device.type, x.shape, weight.shape, x.dtype)
+    if why is None:
+        from .._backend import kernels_unavailable_reason
+
+        why = kernels_unavailable_reason(x.device)
+    return why
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """Dispatch-table form (a dispatch.Spec; kernel availability is checked by dispatch itself)."""
+    return _unsupported(spec.device.split(":")[0], spec.x_shape, spec.w_shape, spec.dtype)
+
+
+def spec_ready(spec) -> bool:
+    """True once the stencil kernel for this shape is loaded (no compile/module load mid CUDA-graph capture)."""
+    from .. import _backend
+
+    defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
+    return _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
+
+
+def _pack_for(weight: Tensor, cl: bool) -> Tensor:
+    wp = pack_weight(weight)
+    # cuDNN picks its layout from input and weight: matching x's layout avoids a copy of x or of g.
+    return wp.contiguous(memory_format=_CL3D) if cl else wp.contiguous()
+
+
+def _bias32(weight: Tensor, bias: Tensor | None) -> Tensor:
+    return (weight.new_zeros(weight.shape[0]) if bias is None else bias).float().contiguous()
+
+
+def split_head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: int | None = None) -> Tensor:
+    """clamp(conv3d(x, weight, bias, padding=(0, 1, 1)), -1, 1) via conv_n128 + head_stencil.
+
+    x: [B, C_in, T+2, H, W] post-SiLU features with the 2 causal frames in front; weight [C_out, C_in, 3, 3, 3].
+    Returns [B, C_out, T, H, W], channels_last_3d. band_rows bounds g to band_rows+2 rows at a time.
+    """
+    if x.dim() != 5 or weight.dim() != 5 or tuple(weight.shape[2:]) != (3, 3, 3) or weight.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"split_head_conv: need x [B, C_in, T+2, H, W] and weight [C_out, C_in, 3, 3, 3] with matching C_in, "
+            f"got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if 9 * weight.shape[0] > GC:
+        raise ValueError(f"split_head_conv: C_out={weight.shape[0]} needs 9*C_out <= {GC}")
+    bsz, _, t2, h, w = x.shape
+    c_out, t = weight.shape[0], t2 - 2
+    cl = _is_cl(x)
+    if torch.compiler.is_compiling():  # data_ptr-keyed caches do not trace; the packing fuses anyway
+        wp, b32 = _pack_for(weight, cl), _bias32(weight, bias)
+    else:
+        wp = _derived.get(weight, ("packed", cl), lambda: _pack_for(weight, cl))
+        b32 = _derived.get(weight if bias is None else bias, ("bias32", bias is None), lambda: _bias32(weight, bias))
+    if band_rows is None or band_rows >= h:
+        return head_stencil(conv_n128(x, wp), b32, t, 0, h, h, 0)
+    if band_rows < 1:
+        raise ValueError(f"split_head_conv: band_rows must be >= 1, got {band_rows}")
+    out = _new_out(x, bsz, c_out, t, h, w)
+    for lo in range(0, h, band_rows):
+        rows = min(band_rows, h - lo)
+        g = conv_n128(x[:, :, :, max(lo - 1, 0): min(lo + rows + 1, h)], wp)
+        out[:, :, :, lo: lo + rows].copy_(head_stencil(g, b32, t, lo, rows, h, 1))
+    return out
+
+
+def split_head_conv_ref(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: int | None = None) -> Tensor:
+    """What split_head_conv computes, by definition (fp32 math, result in x.dtype)."""
+    y = F.conv3d(x.float(), weight.float(), None if bias is None else bias.float(), padding=(0, 1, 1))
+    return y.clamp(-1, 1).to(x.dtype)

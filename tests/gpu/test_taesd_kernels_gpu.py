@@ -1,0 +1,68 @@
+"""Full TAEF2 (bundled real weights) with every eligible conv forced onto the custom f16 kernels:
+error vs the fp32 model must stay within 2x of the PyTorch f16 path's error, in both directions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from taesd_fast import TAESD, dispatch
+from taesd_fast._backend import kernels_unavailable_reason
+
+_REASON = kernels_unavailable_reason()
+_WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
+pytestmark = [
+    pytest.mark.skipif(_REASON is not None, reason=f"taesd_fast kernels unavailable: {_REASON}"),
+    pytest.mark.skipif(not (_WEIGHTS / "taef2_decoder.safetensors").is_file(), reason="bundled TAEF2 weights missing"),
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    paths = dict(encoder_path=_WEIGHTS / "taef2_encoder.safetensors", decoder_path=_WEIGHTS / "taef2_decoder.safetensors")
+    return (TAESD.from_pretrained(**paths, dtype=torch.float32, device="cuda"),
+            TAESD.from_pretrained(**paths, dtype=torch.float16, device="cuda"))
+
+
+def _image(B, H, W, seed):
+    """Smooth random images in [0, 1] (upsampled noise: closer to photos than white noise)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    low = torch.rand(B, 3, H // 8, W // 8, generator=g, device="cuda")
+    return F.interpolate(low, size=(H, W), mode="bicubic", align_corners=False).clamp(0, 1)
+
+
+def _rel(a, ref):
+    return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("B,H,W", [(1, 136, 200), (2, 64, 64)])
+def test_taef2_forced_kernels(models, B, H, W, tmp_path, monkeypatch):
+    monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
+    dispatch.clear_cache()
+    m32, m16 = models
+    img = _image(B, H, W, seed=H + W)
+    with torch.no_grad(), dispatch.backend("torch"):
+        lat_ref = m32.encode(img)
+        dec_ref = m32.decode(lat_ref)
+        lat_t = m16.encode(img.half())
+        dec_t = m16.decode(lat_ref.half())
+    with torch.no_grad(), dispatch.backend("kernels"):
+        lat_k = m16.encode(img.half())
+        dec_k = m16.decode(lat_ref.half())
+    table = dispatch.dispatch_table(m16)
+    assert "f16_" in table, table
+    for name, k, t, ref in (("encode", lat_k, lat_t, lat_ref), ("decode", dec_k, dec_t, dec_ref)):
+        ek, et = _rel(k, ref), _rel(t, ref)
+        print(f"\n{name} {B}x{H}x{W}: kernels rel err {ek:.3e}, torch f16 {et:.3e}")
+        assert not k.isnan().any()
+        assert ek <= 2 * et, f"{name}: kernel path {ek:.3g} vs torch f16 {et:.3g}"
+    # Every 3x3 conv with <= 64 channels ran a kernel; everything else (1x1, pool branch) ran torch.
+    for rec in (r for d in dispatch._records.values() for r in d.values()):
+        eligible = rec.spec.w_shape[2:] == (3, 3) and max(rec.spec.w_shape[:2]) <= 64
+        assert rec.choice.startswith("f16_") == eligible, rec
+    if B == 1:
+        print(table)
+    dispatch.clear_cache()

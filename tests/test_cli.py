@@ -1,0 +1,225 @@
+"""The taesd-fast command line: subcommands through main([...]), exit codes, messages, one real subprocess.
+
+Images are the bundled examples/assets/monalisa.jpg shrunk to 64-96 px: these tests are about plumbing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
+
+from taesd_fast import TAESD  # noqa: E402
+from taesd_fast.cli import main  # noqa: E402
+from taesd_fast.media import load_latents  # noqa: E402
+from taesd_fast.weights_io import save_safetensors  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ASSET = REPO_ROOT / "examples" / "assets" / "monalisa.jpg"
+SUBCOMMANDS = ("encode", "decode", "roundtrip", "lipsync", "bench", "info")
+
+
+def small_image(folder: Path, name: str, width: int, height: int) -> Path:
+    path = folder / name
+    with Image.open(ASSET) as im:
+        im.convert("RGB").resize((width, height), Image.BICUBIC).save(path)
+    return path
+
+
+@pytest.fixture
+def image(tmp_path) -> Path:
+    return small_image(tmp_path, "mona.png", 64, 96)
+
+
+@pytest.fixture
+def odd_image(tmp_path) -> Path:
+    return small_image(tmp_path, "odd.png", 70, 90)  # neither side a multiple of 8
+
+
+@pytest.fixture(scope="module")
+def taesd4_weights(tmp_path_factory) -> Path:
+    """A folder of 4-channel (SD1.5 taesd architecture) weights, randomly initialised: enough for the PNG path."""
+    folder = tmp_path_factory.mktemp("taesd4")
+    torch.manual_seed(0)
+    model = TAESD("taesd")
+    save_safetensors(model.encoder.state_dict(), folder / "taesd_encoder.safetensors")
+    save_safetensors(model.decoder.state_dict(), folder / "taesd_decoder.safetensors")
+    return folder
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 1
+    assert err.startswith("taesd-fast: error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_help_runs_as_a_module_in_a_subprocess():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-m", "taesd_fast.cli", "--help"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for command in SUBCOMMANDS:
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", [c for c in SUBCOMMANDS if c != "bench"])
+def test_every_subcommand_has_help(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"usage: taesd-fast {command}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["encode"], ["roundtrip", "x.png"], ["info", "--dtype", "int8"]])
+def test_usage_errors_exit_with_2(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+
+
+def test_roundtrip_writes_images_and_prints_psnr(capsys, image, tmp_path):
+    code, out, _ = run(capsys, "roundtrip", image, "-o", tmp_path / "rt", "--device", "cpu")
+    assert code == 0
+    match = re.search(r"PSNR ([\d.]+) dB", out)
+    assert match and float(match.group(1)) > 22, out  # TAEF2 reaches ~30 dB on this painting
+    with Image.open(tmp_path / "rt" / "mona.png") as decoded:
+        assert decoded.size == (64, 96)
+
+
+def test_encode_then_decode_safetensors(capsys, image, tmp_path):
+    latents_path = tmp_path / "mona.safetensors"
+    code, _, _ = run(capsys, "encode", image, "-o", latents_path)
+    assert code == 0
+    latents, size = load_latents(latents_path)
+    assert latents.shape == (1, 32, 12, 8) and size is None
+
+    code, out, _ = run(capsys, "decode", latents_path, "-o", tmp_path / "decoded.png")
+    assert code == 0 and "64x96" in out
+    with Image.open(tmp_path / "decoded.png") as decoded:
+        assert decoded.size == (64, 96)
+
+
+def test_image_not_a_multiple_of_8_is_an_error_that_offers_pad(capsys, odd_image, tmp_path):
+    for command in ("encode", "roundtrip"):
+        code, _, err = run(capsys, command, odd_image, "-o", tmp_path / "out")
+        assert_user_error(code, err, "70x90", "not a multiple of 8", "--pad")
+    assert not (tmp_path / "out").exists()
+
+
+def test_pad_keeps_the_original_size(capsys, odd_image, tmp_path):
+    code, out, _ = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt", "--pad")
+    assert code == 0 and "PSNR" in out
+    with Image.open(tmp_path / "rt" / "odd.png") as decoded:
+        assert decoded.size == (70, 90)
+
+    # encode --pad stores the original size; decode crops back to it.
+    assert run(capsys, "encode", odd_image, "-o", tmp_path / "odd.safetensors", "--pad")[0] == 0
+    latents, size = load_latents(tmp_path / "odd.safetensors")
+    assert latents.shape[-2:] == (12, 9) and size == (90, 70)
+    assert run(capsys, "decode", tmp_path / "odd.safetensors", "-o", tmp_path / "odd.png")[0] == 0
+    with Image.open(tmp_path / "odd.png") as decoded:
+        assert decoded.size == (70, 90)
+
+
+def test_missing_files_are_user_errors(capsys, tmp_path):
+    missing = tmp_path / "missing.png"
+    code, _, err = run(capsys, "roundtrip", missing, "-o", tmp_path / "out")
+    assert_user_error(code, err, "not found", str(missing))
+    code, _, err = run(capsys, "decode", tmp_path / "missing.safetensors", "-o", tmp_path / "out")
+    assert_user_error(code, err, "latents file not found")
+    code, _, err = run(capsys, "lipsync", tmp_path / "missing.mp4", "-o", tmp_path / "out.mp4")
+    assert_user_error(code, err, "video not found")
+
+
+def test_a_file_that_is_not_an_image_is_a_user_error(capsys, tmp_path):
+    fake = tmp_path / "notes.png"
+    fake.write_text("not an image")
+    code, _, err = run(capsys, "encode", fake, "-o", tmp_path / "out")
+    assert_user_error(code, err, "notes.png")
+
+
+def test_weights_errors_are_user_errors(capsys, image, tmp_path, hub_offline, no_network):
+    code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights", tmp_path / "no" / "such")
+    assert_user_error(code, err, "neither an existing local folder nor a Hub repo id")
+    code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights", "madebyollin/taesd",
+                       "--device", "cpu")
+    assert_user_error(code, err, "could not find TAESD weights for repo 'madebyollin/taesd'")
+
+
+def test_latents_png_needs_at_most_4_channels(capsys, image, tmp_path):
+    code, _, err = run(capsys, "encode", image, "--png", "-o", tmp_path / "out")
+    assert_user_error(code, err, "at most 4 latent channels", "taef2 has 32")
+
+
+def test_latents_png_round_trip_with_4_channel_weights(capsys, image, odd_image, taesd4_weights, tmp_path):
+    code, _, _ = run(capsys, "encode", image, odd_image, "--png", "--pad", "-o", tmp_path / "latents",
+                     "--weights", taesd4_weights)
+    assert code == 0
+    with Image.open(tmp_path / "latents" / "mona.png") as png:
+        assert png.mode == "RGBA" and png.size == (8, 12)
+    code, _, _ = run(capsys, "decode", tmp_path / "latents" / "mona.png", tmp_path / "latents" / "odd.png",
+                     "-o", tmp_path / "decoded", "--weights", taesd4_weights)
+    assert code == 0
+    for name, size in (("mona.png", (64, 96)), ("odd.png", (70, 90))):
+        with Image.open(tmp_path / "decoded" / name) as decoded:
+            assert decoded.size == size
+
+    # The bundled 32-channel TAEF2 cannot decode 4-channel latents: say so.
+    code, _, err = run(capsys, "decode", tmp_path / "latents" / "mona.png", "-o", tmp_path / "x.png")
+    assert_user_error(code, err, "4-channel latents", "expects 32", "--weights")
+
+
+def test_several_inputs_need_an_output_directory(capsys, image, tmp_path):
+    code, _, err = run(capsys, "encode", image, image, "-o", tmp_path / "one.safetensors")
+    assert_user_error(code, err, "2 inputs", "directory")
+
+
+def test_lipsync_box_outside_the_frame(capsys, shared_dir, tmp_path):
+    video = shared_dir / "data" / "video" / "sun.mp4"
+    if not video.is_file():
+        pytest.skip(f"{video} not found")
+    code, _, err = run(capsys, "lipsync", video, "-o", tmp_path / "out.mp4", "--box", "400,600,700,900")
+    assert_user_error(code, err, "outside the 576x768 frame")
+    code, _, err = run(capsys, "lipsync", video, "-o", tmp_path / "out.mp4", "--box", "1,2,3")
+    assert_user_error(code, err, "four integers")
+
+
+def test_info(capsys):
+    code, out, _ = run(capsys, "info", "--device", "cpu")
+    assert code == 0
+    for line in ("taesd_fast ", "torch ", "device: cpu", "GPU: ", "kernels: "):
+        assert line in out
+
+
+def test_info_model_prints_the_dispatch_table(capsys):
+    code, out, _ = run(capsys, "info", "--model", "--device", "cpu", "--backend", "torch")
+    assert code == 0
+    assert "model: taef2" in out and "dispatch mode=torch" in out
+
+
+def test_bad_device_is_a_user_error(capsys):
+    code, _, err = run(capsys, "info", "--device", "nonsense")
+    assert_user_error(code, err, "'nonsense' is not a torch device")
+
+
+def test_bench_forwards_its_arguments(capsys, monkeypatch):
+    bench = pytest.importorskip("taesd_fast.bench")
+    seen = []
+    monkeypatch.setattr(bench, "main", lambda argv=None: seen.append(argv) or 0)
+    assert main(["bench", "--sections", "conv", "--help"]) == 0
+    assert seen == [["--sections", "conv", "--help"]]
