@@ -1,6 +1,8 @@
 """Lip-sync decoding with TAESD: paste decoded face crops into a talking-head video (same as `taesd-fast lipsync`).
 
-Round trip on the bundled offline weights (the face crops are encoded, then decoded):
+Round trip on the bundled offline weights (the face crops are encoded, then decoded) of the 3 s demo clip
+examples/assets/sun_3s.mp4, or of the whole sun.mp4 (run from the repository root, after `pip install -e .[media]`):
+    python examples/lipsync.py -o sun_lipsync.mp4
     python examples/lipsync.py ../shared/data/video/sun.mp4 -o sun_lipsync.mp4 --max-frames 50
 
 Decode a lip-sync generator's latents ([N, 32, 32, 32] for the 256² face crops, key "latents") on a GPU:

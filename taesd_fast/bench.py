@@ -3,41 +3,20 @@
     python -m taesd_fast.bench [--sections conv,taesd,head] [--out FILE]
 
 Each section is a function returning rows (dicts with the same keys); `format_rows` prints them.
-Timing: triton.testing.do_bench (median, CUDA events) when Triton is there, else CUDA events.
+Timing: taesd_fast.timing (CUDA events, warm-up, median of back-to-back runs).
 Inputs are random normals (never zeros); one ~1M-pixel batch is larger than L2, so no rotation.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-
-def time_ms(fn: Callable[[], object]) -> float:
-    """Median ms of fn() after warm-up."""
-    try:
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    except ImportError:
-        pass
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        times.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in times)
+from .timing import time_ms
 
 
 def format_rows(title: str, rows: list[dict]) -> str:

@@ -9,49 +9,19 @@ Run: python -m taesd_fast.bench_head [out.txt]
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from .kernels import head as hk
+from .timing import graphed, time_ms
 
 CL3D = torch.channels_last_3d
 
 
-def _time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
-    fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    iters = max(1, min(100, int(target_ms / max(s.elapsed_time(e), 1e-3))))
-    times = []
-    for _ in range(reps):
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / iters)
-    return statistics.median(times)
-
-
-def _graph_ms(fn) -> float:
-    """Time fn's CUDA-graph replay (no launch overhead)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return _time_ms(g.replay)
+def time_ms_graphed(fn) -> float:
+    return time_ms(graphed(fn))
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -87,7 +57,7 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
         rows: list[tuple[str, float, str]] = []
 
         def row(name, fn, note=""):
-            rows.append((name, _time_ms(fn), note))
+            rows.append((name, time_ms(fn), note))
 
         row("(a) diffusers head, eager NCDHW", lambda: head_diffusers(feat, cache, gamma, w, b))
         row("(b) diffusers head, eager channels_last_3d", lambda: head_diffusers(feat_cl, cache_cl, gamma, w_cl, b))
@@ -109,16 +79,16 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
             "g bounded to 66 rows; cuDNN copies each band's x rows")
         row("(f) split, NCDHW, banded 64 rows", lambda: hk.split_head_conv(x6, w, b, band_rows=64),
             "g bounded to 66 rows; band of x read in place")
-        rows.append(("(f) split, NCDHW in, CUDA graph replay", _graph_ms(lambda: hk.split_head_conv(x6, w, b)),
+        rows.append(("(f) split, NCDHW in, CUDA graph replay", time_ms_graphed(lambda: hk.split_head_conv(x6, w, b)),
                      "no launch gaps"))
         rows.append(("(f) split, channels_last_3d in, CUDA graph replay",
-                     _graph_ms(lambda: hk.split_head_conv(x6_cl, w, b)), "no launch gaps"))
+                     time_ms_graphed(lambda: hk.split_head_conv(x6_cl, w, b)), "no launch gaps"))
         rows.append(("(f) split, NCDHW, banded 64 rows, CUDA graph replay",
-                     _graph_ms(lambda: hk.split_head_conv(x6, w, b, band_rows=64)), "eager banded is launch-bound"))
+                     time_ms_graphed(lambda: hk.split_head_conv(x6, w, b, band_rows=64)), "eager banded is launch-bound"))
         b32 = b.float()
         # Parts alone are timed as graph replays: eager, one op's Python launch path (~0.15 ms) exceeds the
         # stencil's GPU time, so back-to-back eager calls would time the CPU.
-        graph_row = lambda name, fn, note="": rows.append((name, _graph_ms(fn), note))  # noqa: E731
+        graph_row = lambda name, fn, note="": rows.append((name, time_ms_graphed(fn), note))  # noqa: E731
         graph_row("(f) part: conv_n128 cuDNN form (channels_last_3d in), graph", lambda: hk.conv_n128(x6_cl, wp_cl))
         graph_row("(f) part: conv_n128 GEMM form (NCDHW in), graph", lambda: hk.conv_n128(x6, wp),
                   f"{2 * T * H * W * C * (T + 2) * 112 / 1e9:.0f} GFLOP incl. Toeplitz zeros")

@@ -18,6 +18,7 @@ import torch
 PROG = "taesd-fast"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BACKENDS = ("auto", "torch", "kernels")
+DECODE_BATCH = 16
 PAD_HELP = ("pad images whose sides are not a multiple of 8 by repeating their edge pixels, and crop the decoded "
             "result back to the original size (without it, such images are an error)")
 
@@ -39,9 +40,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_lipsync_arguments(parser: argparse.ArgumentParser) -> None:
     """The lip-sync options, shared by `taesd-fast lipsync` and examples/lipsync.py."""
-    from .facebox import SUN_FACE_BOX
+    from .facebox import DEMO_CLIP, SUN_FACE_BOX
 
-    parser.add_argument("video", type=Path, help="talking-head video (any format PyAV/FFmpeg reads)")
+    parser.add_argument("video", type=Path, nargs="?",
+                        help="talking-head video (any format PyAV/FFmpeg reads); default: the repository's demo "
+                             f"clip examples/assets/{DEMO_CLIP.name}, the first 3 s of shared/data/video/sun.mp4")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output .mp4 (H.264, same fps and size)")
     parser.add_argument("--box", default=str(SUN_FACE_BOX), metavar="X0,Y0,X1,Y1",
                         help="face box in pixels, ideally square; its lower half is replaced "
@@ -241,14 +244,15 @@ def cmd_decode(args: argparse.Namespace) -> int:
         if latents.shape[1] != model.latent_channels:
             raise ValueError(f"{path} holds {latents.shape[1]}-channel latents but the {model.variant} model "
                              f"expects {model.latent_channels}; pass --weights for the VAE that made them")
-        with torch.inference_mode():
-            images = model.decode(latents.to(device=param.device, dtype=param.dtype))
-        if size is not None:  # encoded with --pad: drop the padding
-            images = images[..., : size[0], : size[1]]
-        names = [out] if len(images) == 1 else [out.with_name(f"{out.stem}_{i:04d}.png") for i in range(len(images))]
-        for image, name in zip(images, names):
-            save_image(image, name)
-            print(f"{path} -> {name}  {image.shape[-1]}x{image.shape[-2]}")
+        names = [out] if len(latents) == 1 else [out.with_name(f"{out.stem}_{i:04d}.png") for i in range(len(latents))]
+        for first in range(0, len(latents), DECODE_BATCH):  # in batches: a file may hold a whole video's latents
+            with torch.inference_mode():
+                images = model.decode(latents[first:first + DECODE_BATCH].to(device=param.device, dtype=param.dtype))
+            if size is not None:  # encoded with --pad: drop the padding
+                images = images[..., : size[0], : size[1]]
+            for image, name in zip(images, names[first:]):
+                save_image(image, name)
+                print(f"{path} -> {name}  {image.shape[-1]}x{image.shape[-2]}")
     return 0
 
 
@@ -268,8 +272,14 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
 
 
 def cmd_lipsync(args: argparse.Namespace) -> int:
+    from .facebox import DEMO_CLIP
     from .lipsync import Box, lipsync_video
 
+    if args.video is None:
+        if not DEMO_CLIP.is_file():
+            raise FileNotFoundError(f"no video given, and the demo clip {DEMO_CLIP} is missing (it ships with the "
+                                    "repository, not the installed package); pass a video")
+        args.video = DEMO_CLIP
     box = Box.parse(args.box)
     model = load_model(args, encoder=args.latents is None)  # decoding given latents needs no encoder
     stats = lipsync_video(args.video, args.output, model, box=box, latents=args.latents, batch_size=args.batch_size,

@@ -1,8 +1,13 @@
-"""Face boxes for the lip-sync pipeline (no media dependencies, so the CLI can build its --help without PyAV)."""
+"""Face boxes for the lip-sync pipeline, and the demo clip (no media dependencies, so the CLI can build its --help
+without PyAV)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+# The first 3 s of shared/data/video/sun.mp4, shipped with the repository (not the wheel) for `taesd-fast lipsync`.
+DEMO_CLIP = Path(__file__).resolve().parents[1] / "examples" / "assets" / "sun_3s.mp4"
 
 
 @dataclass(frozen=True)
@@ -15,7 +20,7 @@ class Box:
     y1: int
 
     @classmethod
-    def parse(cls, text: str) -> "Box":
+    def parse(cls, text: str) -> Box:
         parts = text.replace(" ", "").split(",")
         try:
             values = [int(p) for p in parts]
@@ -44,5 +49,5 @@ class Box:
         return f"{self.x0},{self.y0},{self.x1},{self.y1}"
 
 
-# The face in shared/data/video/sun.mp4 (576x768), hairline to chin; found by viewing frames 0, 150, 350 and 540.
+# The face in sun.mp4 and DEMO_CLIP (576x768), hairline to chin; found by viewing frames 0, 150, 350 and 540.
 SUN_FACE_BOX = Box(192, 152, 368, 328)

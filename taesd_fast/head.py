@@ -44,8 +44,9 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(channels, 1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In fp32, so bf16 features are rounded once, after the norm, not inside it.
-        y = F.normalize(x.float(), dim=1, eps=self.eps) * self.scale * self.gamma.float()
+        # In fp32 at least, so bf16 features are rounded once, after the norm, not inside it.
+        compute = torch.promote_types(x.dtype, torch.float32)
+        y = F.normalize(x.to(compute), dim=1, eps=self.eps) * self.scale * self.gamma.to(compute)
         return y.to(x.dtype)
 
 
@@ -162,7 +163,7 @@ def _locate_checkpoint(name_or_path, subfolder, filename, revision, cache_dir, l
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    path = require_repo_id(path)
+    path = require_repo_id(path, example=WAN_REPO)
     try:
         return hf_hub_download(path, filename, subfolder=subfolder, revision=revision, cache_dir=cache_dir,
                                local_files_only=local_files_only)

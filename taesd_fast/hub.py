@@ -134,7 +134,7 @@ def resolve(name_or_path: str | os.PathLike | None, *, encoder_path=None, decode
     return load_from_hub(require_repo_id(name_or_path), load_encoder=load_encoder, load_decoder=load_decoder, **hub_kwargs)
 
 
-def require_repo_id(name: str | os.PathLike) -> str:
+def require_repo_id(name: str | os.PathLike, example: str = "madebyollin/taesd") -> str:
     """`name` when it can be a Hub repo id ('owner/name'); a missing local path raises FileNotFoundError."""
     name = str(name)
     owner, _, repo = name.partition("/")
@@ -142,7 +142,7 @@ def require_repo_id(name: str | os.PathLike) -> str:
                        or Path(name).suffix in (".pth", ".pt", ".safetensors", ".bin"))
     if looks_like_path:
         raise FileNotFoundError(
-            f"{name!r} is neither an existing local folder nor a Hub repo id like 'madebyollin/taesd' "
+            f"{name!r} is neither an existing local folder nor a Hub repo id like '{example}' "
             "(no file or folder exists at that path)"
         )
     return name

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import av
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .facebox import SUN_FACE_BOX, Box  # noqa: F401  (re-exported: part of this module's API)
 from .taesd import TAESD
@@ -69,7 +69,8 @@ def read_frames(path: str | os.PathLike, max_frames: int | None = None) -> Itera
 
 
 class VideoWriter:
-    """H.264 (yuv420p) writer with a fixed frame rate; copies `audio_source`'s first audio stream on close.
+    """H.264 (yuv420p) writer at a constant frame rate (a variable-rate source comes out at its average rate);
+    copies `audio_source`'s first audio stream on close.
 
     The audio is trimmed to the written video's length. It is copied as is where the output container can hold
     its codec, else re-encoded to AAC.
@@ -94,6 +95,7 @@ class VideoWriter:
             self.stream.codec_context.time_base = 1 / self.fps
             # Every stream must exist before the first packet is written, so the audio stream is added now.
             self._audio_input = self._audio_stream = None
+            self._copy_audio_packets = False
             if audio_source is not None:
                 self._add_audio(audio_source)
         except BaseException:
@@ -156,7 +158,7 @@ class VideoWriter:
             self.container.mux(out.encode(frame))
         self.container.mux(out.encode(None))
 
-    def __enter__(self) -> "VideoWriter":
+    def __enter__(self) -> VideoWriter:
         return self
 
     def __exit__(self, *exc) -> None:

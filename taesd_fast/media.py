@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageOps, PngImagePlugin
+from PIL import ExifTags, Image, ImageOps, PngImagePlugin
 
 LATENT_SUFFIXES = (".safetensors", ".pt", ".pth", ".png")
 LATENTS_KEY = "latents"
-_EXIF_ORIENTATION = 0x0112
 PNG_CHANNELS = (1, 2, 3, 4)  # latent channel counts a PNG holds: L, LA, RGB, RGBA
 
 
@@ -63,7 +62,7 @@ def image_size(path: str | os.PathLike) -> tuple[int, int]:
         raise FileNotFoundError(f"image not found: {path}")
     with Image.open(path) as im:
         width, height = im.size
-        if im.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
+        if im.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8):
             width, height = height, width  # stored rotated by 90 degrees; load_image turns it upright
     return height, width
 

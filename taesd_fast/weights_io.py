@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import zipfile
 from pathlib import Path
@@ -32,11 +33,16 @@ def read_state_dict(path: str | os.PathLike, keys: list[str] | None = None) -> S
                 names = f.keys() if keys is None else [k for k in keys if k in f.keys()]
                 return {k: f.get_tensor(k) for k in names}
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))  # legacy .pth: no mmap
-    except Exception as err:  # every reader error means the same thing to the user
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):  # plain garbage, handled below
+            raise _unreadable(path, err) from err
+        # weights_only refused an object: not damage, a safety refusal
         raise WeightsError(
-            f"could not read weights file {path} ({type(err).__name__}: {err}). "
-            "The file is corrupt, truncated or not a weights file; delete it and download it again."
+            f"{path} holds Python objects other than tensors; they were not unpickled, because that could run "
+            "arbitrary code. Re-save the file as a plain state_dict of tensors (or as .safetensors)."
         ) from err
+    except Exception as err:  # every other reader error means the same thing to the user
+        raise _unreadable(path, err) from err
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -44,6 +50,13 @@ def read_state_dict(path: str | os.PathLike, keys: list[str] | None = None) -> S
     if keys is not None:
         state = {k: state[k] for k in keys if k in state}
     return dict(state)
+
+
+def _unreadable(path: Path, err: Exception) -> WeightsError:
+    return WeightsError(
+        f"could not read weights file {path} ({type(err).__name__}: {err}). "
+        "The file is corrupt, truncated or not a weights file; delete it and download it again."
+    )
 
 
 def save_safetensors(state: StateDict, path: str | os.PathLike) -> None:

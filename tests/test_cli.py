@@ -184,9 +184,29 @@ def test_latents_png_round_trip_with_4_channel_weights(capsys, image, odd_image,
     assert_user_error(code, err, "4-channel latents", "expects 32", "--weights")
 
 
+def test_decode_pt_with_several_latents_writes_numbered_images(capsys, tmp_path):
+    torch.save({"latents": torch.randn(3, 32, 4, 4)}, tmp_path / "clip.pt")
+    code, _, _ = run(capsys, "decode", tmp_path / "clip.pt", "-o", tmp_path / "frames")
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "frames").iterdir()) == [f"clip_000{i}.png" for i in range(3)]
+
+
 def test_several_inputs_need_an_output_directory(capsys, image, tmp_path):
     code, _, err = run(capsys, "encode", image, image, "-o", tmp_path / "one.safetensors")
     assert_user_error(code, err, "2 inputs", "directory")
+
+
+def test_lipsync_defaults_to_the_demo_clip(capsys, tmp_path):
+    from taesd_fast.facebox import DEMO_CLIP
+
+    av = pytest.importorskip("av")
+    code, out, _ = run(capsys, "lipsync", "-o", tmp_path / "demo.mp4", "--max-frames", "2", "--batch-size", "2")
+    assert code == 0, out
+    assert "decode:" in out and "end to end:" in out
+    with av.open(str(DEMO_CLIP)) as clip, av.open(str(tmp_path / "demo.mp4")) as result:
+        source, written = clip.streams.video[0], result.streams.video[0]
+        assert (written.width, written.height, written.average_rate) == (source.width, source.height, 25)
+        assert written.frames == 2
 
 
 def test_lipsync_box_outside_the_frame(capsys, shared_dir, tmp_path):

@@ -1,0 +1,44 @@
+"""GPU timing shared by the benchmark sections: CUDA events, warm-up, median, optional CUDA-graph replay."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
+    """Median ms per call of fn(). Each rep runs enough back-to-back calls to last ~target_ms, so one
+    event pair's resolution and launch jitter do not dominate small kernels."""
+    fn()  # warm-up: module loads, cuDNN/autotune choices, allocator growth
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    iters = max(1, min(100, int(target_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
+def graphed(fn):
+    """Capture fn() in a CUDA graph (after a side-stream warm-up, as capture requires); returns its replay.
+    fn must read and write the same buffers every call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
