@@ -109,8 +109,8 @@ def _head_rows() -> list[dict]:
 SECTIONS: dict[str, Callable[[], list[dict]]] = {"conv": bench_conv, "taesd": _taesd_rows, "head": _head_rows}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, prog: str | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="conv,taesd,head", help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--out", help="also write the tables to this file")
     args = ap.parse_args(argv)

@@ -296,7 +296,7 @@ def cmd_bench(argv: list[str]) -> int:
         if err.name != f"{__package__}.bench":
             raise
         raise RuntimeError("the benchmark module taesd_fast.bench is not part of this install") from None
-    return bench_main(argv) or 0
+    return bench_main(argv, prog="taesd-fast bench") or 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:

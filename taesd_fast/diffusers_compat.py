@@ -34,7 +34,9 @@ from .weights_io import WeightsError, from_diffusers, save_safetensors, to_diffu
 
 # Config keys a checkpoint's config.json or the caller may set; the rest describe the architecture.
 SETTABLE = ("scaling_factor", "shift_factor", "latent_magnitude", "latent_shift", "force_upcast")
-_DEFAULTS = {"scaling_factor": 1.0, "shift_factor": 0.0, "latent_magnitude": 3.0, "latent_shift": 0.5, "force_upcast": False}
+_DEFAULTS = {
+    "scaling_factor": 1.0, "shift_factor": 0.0, "latent_magnitude": 3.0, "latent_shift": 0.5, "force_upcast": False,
+}
 
 
 class TinyVAEConfig(dict):
@@ -109,7 +111,8 @@ class AutoencoderTinyFast(nn.Module):
         if unknown:
             raise TypeError(f"unknown config keys {unknown}; settable keys are {', '.join(SETTABLE)}")
         self.taesd = taesd
-        self.config = TinyVAEConfig({**architecture_config(taesd.arch), **_DEFAULTS, **config, "variant": taesd.variant})
+        settings = {**architecture_config(taesd.arch), **_DEFAULTS, **config, "variant": taesd.variant}
+        self.config = TinyVAEConfig(settings)
         self.use_tiling = False
         self.use_slicing = False
         self.tile_size = 64  # latent cells per tile side (512 pixels at 8x)

@@ -91,6 +91,7 @@ class Candidate:
     run: Callable[..., Tensor]
     kernel: bool = True
     ready: Callable[[Spec], bool] = lambda spec: True
+    layouts: tuple = ("nchw",)  # input layouts the kernel reads natively (others are converted first)
 
 
 def _torch_conv2d(x, w, b, stride, residual, relu):
@@ -130,7 +131,7 @@ CANDIDATES: list[Candidate] = [
     _f16_candidate("tile"),
     Candidate("torch", "head", _always, _torch_head, kernel=False),
     Candidate("split_bf16", "head", _split_head.spec_unsupported_reason, _split_head.split_head_conv, True,
-              _split_head.spec_ready),
+              _split_head.spec_ready, ("nchw", "channels_last")),
 ]
 # Forced-kernel mode with no timings: the order measured best on H200 (SIMT convs), then the head kernel.
 _DEFAULT_ORDER = ("f16_rb", "f16_ocb4", "f16_tile", "split_bf16")
@@ -181,10 +182,10 @@ def backend(mode: str):
 # ------------------------------------------------------------------------------------ timing cache
 
 _lock = threading.RLock()
-_decided: dict[tuple, str] = {}  # (mode, Spec) -> candidate name; the per-call fast path
+_decided: dict[tuple, "Record"] = {}  # (mode, key tuple) -> decision; the per-call fast path
 _timings: dict[str, dict] | None = None  # Spec.key -> {"ms": {name: ms}, ...}; disk-backed
 _gpu_names: dict[str, str] = {}
-_records: "weakref.WeakKeyDictionary[nn.Module, dict[Spec, Record]]" = weakref.WeakKeyDictionary()
+_records: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, Record]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -356,6 +357,12 @@ def _eligible(spec: Spec) -> tuple[list[Candidate], dict]:
 def _decide(spec: Spec, mode: str, args: tuple) -> Record:
     """Full (slow-path) decision for one spec in eager mode; may time candidates."""
     cands, skipped = _eligible(spec)
+    if mode == "auto":
+        # A kernel that converts the layout on the way in hands the next layer a different layout too; timing
+        # it alone would hide that cost (seen on the H200: TAESD encode 12% slower), so auto leaves it out.
+        for c in [c for c in cands if c.kernel and spec.layout not in c.layouts]:
+            cands.remove(c)
+            skipped[c.name] = f"input is {spec.layout}; kernel reads {'/'.join(c.layouts)} natively"
     kernels = [c for c in cands if c.kernel]
     ref = next(c for c in cands if not c.kernel)
     if mode == "torch" or not kernels:
@@ -414,26 +421,26 @@ def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
     """Run function for this call. The fast path is one dict lookup on plain tuples, so torch.compile
     traces it (guarding on the dicts) and bakes in the decision made eagerly for this shape."""
     mode = _mode
-    name = _decided.get((mode, key))
-    if name is None:
-        if torch.compiler.is_compiling():
-            name = "torch"  # nothing decided eagerly for this shape: never time or compile while tracing
-        else:
-            name = _decide_eager(key, mode, args, layer)
-    return _RUN[(key[0], name)]
+    rec = _decided.get((mode, key))
+    if torch.compiler.is_compiling():
+        # Never time or compile while tracing; nothing decided eagerly for this shape means PyTorch.
+        return _RUN[(key[0], "torch" if rec is None else rec.choice)]
+    if rec is None:
+        rec = _decide_eager(key, mode, args)
+    if layer is not None:  # every layer gets its row, also when another layer with this shape decided first
+        _records.setdefault(layer, {})[key] = rec
+    return _RUN[(key[0], rec.choice)]
 
 
-def _decide_eager(key: tuple, mode: str, args: tuple, layer) -> str:
+def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
     spec = Spec(*key)
     with _lock:
         rec = _decide(spec, mode, args)
         if rec.choice != "torch" and torch.cuda.is_current_stream_capturing():
             if not _by_name(spec.kind, rec.choice).ready(spec):  # loading a module mid-capture is unsafe
                 rec = Record(spec, "torch", f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
-        _decided[(mode, key)] = rec.choice
-        if layer is not None:
-            _records.setdefault(layer, {})[spec] = rec
-        return rec.choice
+        _decided[(mode, key)] = rec
+        return rec
 
 
 def _key(kind, x, w, b, stride, residual, relu) -> tuple:
@@ -482,7 +489,8 @@ def dispatch_table(model: nn.Module) -> str:
     """One row per (layer, shape) that went through dispatch in eager mode: choice and timings."""
     rows = []
     for name, mod in model.named_modules():
-        for spec, r in _records.get(mod, {}).items():
+        for r in _records.get(mod, {}).values():
+            spec = r.spec
             flags = "+".join(f for f, on in (("bias", spec.bias), ("res", spec.residual), ("relu", spec.relu)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),

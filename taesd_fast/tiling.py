@@ -80,22 +80,22 @@ def _check_geometry(tile, overlap, unit: int, what: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low} ({what}), got {value!r}")
         if value % unit:
-            raise ValueError(f"{name}={value} must be a multiple of {unit} ({what}), so tiles align with the latent grid")
+            raise ValueError(f"{name}={value} must be a multiple of {unit} ({what}): tiles must align with latents")
 
 
 def _run_tiled(layers: nn.Sequential, x: torch.Tensor, tile: int, overlap: int, scale_in: int, scale_out: int):
     """layers(x) computed window by window. tile/overlap are in latent cells; a cell is scale_in pixels of x
     and scale_out pixels of the output."""
-    h, w = x.shape[-2] // scale_in, x.shape[-1] // scale_in
+    si, so = scale_in, scale_out
+    h, w = x.shape[-2] // si, x.shape[-1] // si
     out = None
     for y0, y1, wy0, wy1 in _windows(h, tile, overlap):
         for x0, x1, wx0, wx1 in _windows(w, tile, overlap):
-            window = x[..., wy0 * scale_in : wy1 * scale_in, wx0 * scale_in : wx1 * scale_in]
-            y = layers(window)
-            if out is None:
-                out = y.new_empty(*y.shape[:2], h * scale_out, w * scale_out)
-            so = scale_out
-            out[..., y0 * so : y1 * so, x0 * so : x1 * so] = y[..., (y0 - wy0) * so : (y1 - wy0) * so, (x0 - wx0) * so : (x1 - wx0) * so]
+            y = layers(x[..., wy0 * si : wy1 * si, wx0 * si : wx1 * si])
+            if out is None:  # allocated once the first tile tells the output channels and dtype
+                out = y.new_empty(*y.shape[:2], h * so, w * so)
+            core = y[..., (y0 - wy0) * so : (y1 - wy0) * so, (x0 - wx0) * so : (x1 - wx0) * so]
+            out[..., y0 * so : y1 * so, x0 * so : x1 * so] = core
     return out
 
 
@@ -107,7 +107,9 @@ def _part(model, part: str) -> nn.Sequential:
     return layers
 
 
-def decode_tiled(model, latents: torch.Tensor, tile: int = 64, overlap: int | None = None, *, clamp: bool = True) -> torch.Tensor:
+def decode_tiled(
+    model, latents: torch.Tensor, tile: int = 64, overlap: int | None = None, *, clamp: bool = True
+) -> torch.Tensor:
     """model.decode(latents) computed in tiles of `tile` x `tile` latent cells (tile*8 pixels; *32 for taesana).
 
     overlap: extra latent cells decoded around each tile and thrown away; default (None) is the receptive-field

@@ -22,7 +22,9 @@ import torch.nn as nn
 try:
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanDecoder3d, WanRMS_norm
 except ImportError as err:  # pragma: no cover - exercised only without diffusers
-    raise ImportError("taesd_fast.wan_diffusers needs diffusers with AutoencoderKLWan: pip install 'diffusers>=0.35'") from err
+    raise ImportError(
+        "taesd_fast.wan_diffusers needs diffusers with AutoencoderKLWan: pip install 'diffusers>=0.35'"
+    ) from err
 
 from .head import CAUSAL_FRAMES, OutputHead, RMSNorm
 
@@ -67,7 +69,8 @@ def patch_wan_vae(vae):
         return vae
     norm, conv = decoder.norm_out, decoder.conv_out
     problems = []
-    if not (isinstance(norm, WanRMS_norm) and norm.channel_first and norm.gamma.dim() == 4 and isinstance(norm.bias, float) and norm.bias == 0.0):
+    plain_norm = isinstance(norm, WanRMS_norm) and norm.channel_first and norm.gamma.dim() == 4
+    if not (plain_norm and isinstance(norm.bias, float) and norm.bias == 0.0):
         problems.append(f"norm_out is {norm!r}, not a channel-first 5-D WanRMS_norm without bias")
     if not isinstance(decoder.nonlinearity, nn.SiLU):
         problems.append(f"nonlinearity is {decoder.nonlinearity!r}, not SiLU")

@@ -240,6 +240,6 @@ def test_bad_device_is_a_user_error(capsys):
 def test_bench_forwards_its_arguments(capsys, monkeypatch):
     bench = pytest.importorskip("taesd_fast.bench")
     seen = []
-    monkeypatch.setattr(bench, "main", lambda argv=None: seen.append(argv) or 0)
+    monkeypatch.setattr(bench, "main", lambda argv=None, prog=None: seen.append((argv, prog)) or 0)
     assert main(["bench", "--sections", "conv", "--help"]) == 0
-    assert seen == [["--sections", "conv", "--help"]]
+    assert seen == [(["--sections", "conv", "--help"], "taesd-fast bench")]

@@ -124,7 +124,7 @@ def vae_only_pipeline(diffusers):
         def __init__(self, vae):
             super().__init__()
             self.register_modules(vae=vae)
-            self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1) if getattr(self, "vae", None) else 8
+            self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as StableDiffusionPipeline
             self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
 
         @torch.no_grad()
@@ -192,9 +192,9 @@ def test_taef2_real_weights_follow_diffusers_conventions(taef2, load_photo):
     photo = load_photo("musk.png", 128, 192)
     with torch.no_grad():
         latents = taef2.encode(photo * 2 - 1).latents
-        assert torch.equal(latents, taef2.taesd.encode(photo))
+        assert close(latents, taef2.taesd.encode(photo))
         decoded = taef2.decode(latents).sample
-        assert torch.equal(decoded.add(1).div(2).clamp(0, 1), taef2.taesd.decode(latents))
+        assert close(decoded.add(1).div(2).clamp(0, 1), taef2.taesd.decode(latents))
     assert (decoded.add(1).div(2) - photo).abs().mean() < 0.05  # and it is a real autoencoder
 
 
@@ -237,18 +237,19 @@ def test_slicing_gives_the_same_batch(taef2):
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def test_from_pretrained_reads_config_and_dtype(tmp_path, taef2, no_network, hub_offline):
-    """A diffusers-layout repo in the Hub cache: config.json's scaling/shift are used, kwargs override them."""
+def test_from_pretrained_hub_repo_config_and_dtype(diffusers, tmp_path, no_network, hub_offline):
+    """`pipe.vae = AutoencoderTinyFast.from_pretrained("madebyollin/taesd", torch_dtype=torch.float16)`, with the repo
+    (diffusers layout) in the Hub cache: config.json's scaling/shift are used, keyword arguments override them."""
     folder = tmp_path / "files"
-    taef2.save_pretrained(folder)
+    AutoencoderTinyFast.from_diffusers(reference_tiny(diffusers, 4)).save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
-    config.update(scaling_factor=1.5305, shift_factor=0.0609)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps({**config, "scaling_factor": 1.5305, "shift_factor": 0.0609}))
     cache = tmp_path / "cache"
-    populate_hub_cache(cache, "someone/taef2-diffusers", {p.name: p for p in folder.iterdir()})
-    vae = AutoencoderTinyFast.from_pretrained("someone/taef2-diffusers", torch_dtype=torch.bfloat16, cache_dir=cache)
-    assert vae.dtype == torch.bfloat16 and vae.taesd.variant == "taef2"
-    assert (vae.config.scaling_factor, vae.config.shift_factor) == (1.5305, 0.0609)
+    populate_hub_cache(cache, "madebyollin/taesd", {p.name: p for p in folder.iterdir()})
+    pipe = vae_only_pipeline(diffusers)(reference_tiny(diffusers, 4))
+    pipe.vae = AutoencoderTinyFast.from_pretrained("madebyollin/taesd", torch_dtype=torch.float16, cache_dir=cache)
+    assert pipe.vae.dtype == torch.float16 and pipe.dtype == torch.float16 and pipe.vae.taesd.variant == "taesd"
+    assert (pipe.vae.config.scaling_factor, pipe.vae.config.shift_factor) == (1.5305, 0.0609)
     vae = AutoencoderTinyFast.from_pretrained(folder, shift_factor=0.0)
     assert (vae.config.scaling_factor, vae.config.shift_factor) == (1.5305, 0.0)
 
