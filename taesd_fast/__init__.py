@@ -4,9 +4,14 @@ Importing this package never initialises CUDA or compiles anything; kernels are 
 """
 
 from ._backend import kernels_available, kernels_unavailable_reason
+from .diffusers_compat import AutoencoderTinyFast
 from .dispatch import backend, set_backend
 from .head import OutputHead
 from .taesd import TAESD
+from .tiling import decode_tiled, encode_tiled
 
-__all__ = ["TAESD", "OutputHead", "backend", "set_backend", "kernels_available", "kernels_unavailable_reason"]
+__all__ = [
+    "TAESD", "OutputHead", "AutoencoderTinyFast", "decode_tiled", "encode_tiled",
+    "backend", "set_backend", "kernels_available", "kernels_unavailable_reason",
+]
 __version__ = "0.1.0"

@@ -147,6 +147,11 @@ class AutoencoderTinyFast(nn.Module):
                 f"variant={variant!r}: here variant names a TAESD variant ({', '.join(VARIANTS)}); diffusers-style "
                 "file variants such as 'fp16' are not used, pass torch_dtype=torch.float16 instead"
             )
+        if isinstance(torch_dtype, str):  # "float16", as some configs spell it
+            dtype = getattr(torch, torch_dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"torch_dtype={torch_dtype!r} is not a torch dtype; use e.g. torch.float16")
+            torch_dtype = dtype
         model = TAESD.from_pretrained(
             pretrained_model_name_or_path, variant=variant, revision=revision, cache_dir=cache_dir,
             local_files_only=local_files_only, subfolder=subfolder, dtype=torch_dtype, device=device,
@@ -163,8 +168,7 @@ class AutoencoderTinyFast(nn.Module):
     @classmethod
     def from_diffusers(cls, vae: nn.Module) -> "AutoencoderTinyFast":
         """Convert a loaded `diffusers.AutoencoderTiny` (same weights, dtype, device and scaling settings)."""
-        state = getattr(vae, "state_dict", None)
-        if state is None or not hasattr(vae, "config"):
+        if not (isinstance(vae, nn.Module) and hasattr(vae, "config")):
             raise TypeError(f"expected a diffusers AutoencoderTiny, got {type(vae).__name__}")
         encoder, decoder = from_diffusers(vae.state_dict())
         loaded = hub.LoadedWeights(encoder or None, decoder or None, None, [f"a {type(vae).__name__}"])

@@ -366,7 +366,8 @@ def _decide(spec: Spec, mode: str, args: tuple) -> Record:
     kernels = [c for c in cands if c.kernel]
     ref = next(c for c in cands if not c.kernel)
     if mode == "torch" or not kernels:
-        why = "forced torch" if mode == "torch" else "no custom kernel supports this call"
+        first = next(iter(skipped.items()), None)
+        why = "forced torch" if mode == "torch" else "no custom kernel for this call" + (f" ({first[0]}: {first[1]})" if first else "")
         return Record(spec, ref.name, why, {}, skipped)
     key = spec.key(_gpu_name(spec.device))
     entry = _cached(key)

@@ -10,7 +10,7 @@ import torch.nn as nn
 from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .layers import name_layers
-from .validation import check_tensor
+from .validation import check_multiple, check_tensor
 
 
 class TAESD(nn.Module):
@@ -112,26 +112,37 @@ class TAESD(nn.Module):
             raise RuntimeError(f"this TAESD model has no {part} (it was loaded {other}-only), so it cannot {verb}")
         return next(module.parameters())
 
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
+    def encode(self, images: torch.Tensor, tile_size: int | None = None) -> torch.Tensor:
         """[B, 3, H, W] images in [0, 1] -> [B, C, H/8, W/8] latents (H/32, W/32 for taesana).
 
         H and W must be multiples of the downscale factor; pad or resize first (no silent padding).
+        tile_size: encode in tiles of this many pixels (a multiple of 8; 32 for taesana) to bound memory. The
+            result equals the untiled encode (taesd_fast.tiling).
         """
         param = self._param("encoder")
         check_tensor(images, "images", channels=3, like=param)
-        f = self.downscale
-        if images.shape[-2] % f or images.shape[-1] % f:
-            raise ValueError(
-                f"image size {tuple(images.shape[-2:])} is not a multiple of {f} (the {self.variant} encoder "
-                f"downsamples {f}x); pad or resize the images to a multiple of {f} first"
-            )
-        return self.encoder(self._preferred_layout(images))
+        check_multiple(images, self.downscale, f"the {self.variant} encoder downsamples {self.downscale}x")
+        images = self._preferred_layout(images)
+        if tile_size is not None:
+            from .tiling import encode_tiled
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """[B, C, h, w] latents -> [B, 3, h*8, w*8] images clamped to [0, 1]. NaN in the latents stays NaN."""
+            return encode_tiled(self, images, tile=tile_size)
+        return self.encoder(images)
+
+    def decode(self, latents: torch.Tensor, tile_size: int | None = None) -> torch.Tensor:
+        """[B, C, h, w] latents -> [B, 3, h*8, w*8] images clamped to [0, 1]. NaN in the latents stays NaN.
+
+        tile_size: decode in tiles of this many output pixels to bound memory; the result equals the untiled
+            decode (taesd_fast.tiling).
+        """
         param = self._param("decoder")
         check_tensor(latents, "latents", channels=self.latent_channels, like=param)
-        return self.decoder(self._preferred_layout(latents)).clamp(0, 1)
+        latents = self._preferred_layout(latents)
+        if tile_size is not None:
+            from .tiling import decode_tiled
+
+            return decode_tiled(self, latents, tile=max(1, tile_size // self.downscale))
+        return self.decoder(latents).clamp(0, 1)
 
     @staticmethod
     def scale_latents(latents: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from .layers import Block
-from .validation import check_tensor
+from .validation import check_multiple, check_tensor
 
 # Receptive-field radius, in latent cells, of the layers that get tiled: an output cell changes only when an
 # input cell at most this far away (per axis) changes. Measured by perturbing one cell of random-init models and
@@ -135,8 +135,7 @@ def encode_tiled(model, images: torch.Tensor, tile: int = 512, overlap: int | No
     layers = _part(model, "encoder")
     f = model.downscale
     check_tensor(images, "images", channels=3, like=next(layers.parameters()))
-    if images.shape[-2] % f or images.shape[-1] % f:
-        raise ValueError(f"image size {tuple(images.shape[-2:])} is not a multiple of {f}; pad or resize first")
+    check_multiple(images, f, f"the encoder downsamples {f}x")
     overlap = radius(model, "encoder") * f if overlap is None else overlap
     _check_geometry(tile, overlap, f, "image pixels")
     _, middle, tail = split_global("encoder", layers)

@@ -24,3 +24,12 @@ def check_tensor(x, name: str, *, channels: int, like: torch.Tensor, rank: int =
         raise TypeError(f"{name} has dtype {x.dtype} but the model is {like.dtype}; use {name}.to({like.dtype})")
     if x.device != like.device:
         raise ValueError(f"{name} is on {x.device} but the model is on {like.device}; move one of them")
+
+
+def check_multiple(images: torch.Tensor, factor: int, why: str) -> None:
+    """Image height and width must be multiples of `factor`; no silent padding."""
+    if images.shape[-2] % factor or images.shape[-1] % factor:
+        raise ValueError(
+            f"image size {tuple(images.shape[-2:])} is not a multiple of {factor} ({why}); "
+            f"pad or resize the images to a multiple of {factor} first"
+        )

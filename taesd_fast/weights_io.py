@@ -34,7 +34,7 @@ def read_state_dict(path: str | os.PathLike, keys: list[str] | None = None) -> S
                 return {k: f.get_tensor(k) for k in names}
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))  # legacy .pth: no mmap
     except pickle.UnpicklingError as err:
-        if "Weights only load failed" not in str(err):  # plain garbage, handled below
+        if "GLOBAL" not in str(err):  # the unpickler refused no Python object: the bytes are just damaged
             raise _unreadable(path, err) from err
         # weights_only refused an object: not damage, a safety refusal
         raise WeightsError(

@@ -257,6 +257,11 @@ def test_from_pretrained_hub_repo_config_and_dtype(diffusers, tmp_path, no_netwo
 def test_bad_input_gives_clear_errors(taef2, tmp_path):
     with pytest.raises(ValueError, match="file variants such as 'fp16'"):
         AutoencoderTinyFast.from_pretrained(variant="fp16")
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        AutoencoderTinyFast.from_pretrained(torch_dtype="half_float")
+    assert AutoencoderTinyFast.from_pretrained(torch_dtype="bfloat16").dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="expected a diffusers AutoencoderTiny"):
+        AutoencoderTinyFast.from_diffusers(taef2.taesd)
     with pytest.raises(TypeError, match="unknown config keys"):
         AutoencoderTinyFast(taef2.taesd, scaling_factr=1.0)
     with pytest.raises(TypeError, match="wraps a taesd_fast.TAESD"):
@@ -319,6 +324,27 @@ def test_patch_wan_vae_decodes_like_diffusers(diffusers, wan22, monkeypatch):
     assert (expected.abs() == 1).float().mean() > 0.05  # the clamp is exercised
     assert (got - expected).abs().max().item() < 1e-5
     assert calls == [1 + 2, 4 + 2, 4 + 2]  # our head ran for every chunk, with its 2 causal frames in front
+
+
+def test_patched_wan_vae_tiled_decode(diffusers):
+    """diffusers' tiled_decode blends tiles before its clamp; the patched head clamps each tile first. Both agree
+    when nothing saturates (checked here); where a tile exceeds [-1, 1] inside a blend band they differ (see
+    wan_diffusers' docstring)."""
+    from taesd_fast.diffusers_compat import patch_wan_vae
+
+    vae = tiny_wan(diffusers, True)
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(0.3)
+        vae.decoder.conv_out.bias.zero_()
+    ref = copy.deepcopy(vae)
+    patch_wan_vae(vae)
+    for v in (vae, ref):
+        v.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32,
+                        tile_sample_stride_width=32)
+    z = torch.randn(1, 4, 2, 8, 8, generator=torch.Generator().manual_seed(6))  # 128 px: 3 x 3 tiles
+    with torch.no_grad():
+        expected, got = ref.decode(z).sample, vae.decode(z).sample
+    assert expected.abs().max() < 1 and (got - expected).abs().max().item() < 1e-5
 
 
 def test_patched_wan_vae_follows_its_parameters(diffusers):

@@ -157,6 +157,18 @@ def test_real_photo_taef2_tiled_equals_untiled(taef2_real, load_photo):
     assert (tiled[..., :, 188:196] - decoded[..., :, 188:196]).abs().max().item() <= TOL
 
 
+def test_tile_size_argument_of_encode_and_decode(taef2_real, load_photo):
+    """TAESD.encode/decode(tile_size=pixels) reach the same exact tiling."""
+    image = load_photo("musk.png", 256, 320)
+    with torch.no_grad():
+        latents = taef2_real.encode(image)
+        tiled_latents = taef2_real.encode(image, tile_size=128)
+        decoded = taef2_real.decode(latents)
+        tiled = taef2_real.decode(latents, tile_size=128)
+    assert (tiled_latents - latents).abs().max().item() <= TOL * latents.abs().max().item()
+    assert tiled.shape == decoded.shape and (tiled - decoded).abs().max().item() <= TOL
+
+
 def test_overlap_can_be_reduced():
     """A smaller overlap is accepted (cheaper, approximate) and still gives the right shape."""
     model = random_model("taesd")
