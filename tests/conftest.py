@@ -153,3 +153,15 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.fixture
+def isolated_dispatch(tmp_path, monkeypatch):
+    """Dispatch state and its timings file private to one test, and the backend mode restored after it."""
+    from taesd_fast import dispatch
+
+    monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
+    dispatch.clear_cache()
+    yield
+    dispatch.clear_cache()
+    dispatch.set_backend("auto")

@@ -16,13 +16,7 @@ from taesd_fast import dispatch
 from taesd_fast.kernels import conv3x3
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
-    dispatch.clear_cache()
-    yield
-    dispatch.clear_cache()
-    dispatch.set_backend("auto")
+pytestmark = pytest.mark.usefixtures("isolated_dispatch")
 
 
 class Conv(torch.nn.Conv2d):

@@ -13,16 +13,10 @@ from taesd_fast import dispatch
 from taesd_fast._backend import kernels_unavailable_reason
 
 _REASON = kernels_unavailable_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"taesd_fast kernels unavailable: {_REASON}")
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
-    dispatch.clear_cache()
-    yield
-    dispatch.clear_cache()
-    dispatch.set_backend("auto")
+pytestmark = [
+    pytest.mark.skipif(_REASON is not None, reason=f"taesd_fast kernels unavailable: {_REASON}"),
+    pytest.mark.usefixtures("isolated_dispatch"),
+]
 
 
 class Conv(torch.nn.Conv2d):

@@ -7,12 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taesd_fast import OutputHead, _backend, backend, dispatch
+from taesd_fast import OutputHead, _backend, backend
 
-pytestmark = pytest.mark.skipif(
-    _backend.kernels_unavailable_reason() is not None,
-    reason=f"taesd_fast kernels unavailable: {_backend.kernels_unavailable_reason()}",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        _backend.kernels_unavailable_reason() is not None,
+        reason=f"taesd_fast kernels unavailable: {_backend.kernels_unavailable_reason()}",
+    ),
+    pytest.mark.usefixtures("isolated_dispatch"),
+]
 
 
 def _head(c_in=256, seed=0) -> OutputHead:
@@ -65,7 +68,6 @@ def test_auto_picks_split_path_for_the_wan_chunk_shape():
     """At the real decode size (T=4 + 2 cached, 352x640) the split path was measured 3.6x faster: auto must pick it."""
     head = _head().cuda().bfloat16()
     features = torch.randn(1, 256, 4, 352, 640, device="cuda").bfloat16()
-    dispatch.clear_cache()
     with torch.no_grad(), backend("auto"):
         head(features, F.silu(torch.randn(1, 256, 2, 352, 640, device="cuda")).bfloat16())
     assert "split_bf16" in head.dispatch_table().splitlines()[-1], head.dispatch_table()
