@@ -59,6 +59,10 @@ def test_taef2_forced_kernels(models, B, H, W, tmp_path, monkeypatch):
         print(f"\n{name} {B}x{H}x{W}: kernels rel err {ek:.3e}, torch f16 {et:.3e}")
         assert not k.isnan().any()
         assert ek <= 2 * et, f"{name}: kernel path {ek:.3g} vs torch f16 {et:.3g}"
+    # Images in [0, 1]: PSNR of the kernel decode against the fp32 decode (ANCHORS.md: cuDNN fp16 gives 70.5 dB).
+    psnr = -10 * torch.log10((dec_k.double() - dec_ref.double()).pow(2).mean()).item()
+    print(f"decode PSNR vs fp32: {psnr:.1f} dB")
+    assert psnr >= 60, f"decode through forced kernels: {psnr:.1f} dB vs fp32, need >= 60"
     # Every 3x3 conv with <= 64 channels ran a kernel; everything else (1x1, pool branch) ran torch.
     for rec in (r for d in dispatch._records.values() for r in d.values()):
         eligible = rec.spec.w_shape[2:] == (3, 3) and max(rec.spec.w_shape[:2]) <= 64
