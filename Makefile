@@ -10,17 +10,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.media: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet "$(TORCH)" -e ".[media]"
-	touch $@
+# The stamps name the torch requirement, so `make test TORCH=...` reinstalls when it changes.
+MEDIA_STAMP := $(VENV)/.media.$(TORCH)
+TEST_STAMP := $(VENV)/.test.$(TORCH)
 
-$(VENV)/.test: $(BIN)/python pyproject.toml
+$(MEDIA_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[media]"
+	touch "$@"
+
+$(TEST_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)" -e ".[test]"
-	touch $@
+	touch "$@"
 
 .PHONY: demo test
-demo: $(VENV)/.media
+demo: $(MEDIA_STAMP)
 	$(BIN)/taesd-fast lipsync --output lipsync_demo.mp4
 
-test: $(VENV)/.test
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest

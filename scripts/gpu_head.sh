@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee $OUT/gpu.txt
 python -m pytest tests/gpu/test_head_kernels.py -q -rs -p no:cacheprovider 2>&1 | tee $OUT/pytest_head.log
 echo "pytest rc=$?"
-python -m taesd_fast.bench_head $OUT/bench_head.txt 2>&1 | tee $OUT/bench_head.log
+python -m taesd_fast.bench --sections head --out $OUT/bench_head.txt 2>&1 | tee $OUT/bench_head.log
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CS" ]; then
   timeout 100 $CS --tool memcheck --leak-check no python scripts/head_sanitize.py > $OUT/sanitize.log 2>&1

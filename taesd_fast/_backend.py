@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels_available", "kernels_unavailable_reason", "get_kernel", "is_loaded", "cache_dir", "Kernel"]
+__all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_kernel", "is_loaded", "cache_dir", "Kernel"]
 
 _CSRC = Path(__file__).with_name("csrc")
 _PRELUDE = "common.cuh"
@@ -330,6 +330,14 @@ def kernels_unavailable_reason(device=None) -> str | None:
             if index not in _avail:
                 _avail[index] = _probe(index)
     return _avail[index]
+
+
+def probed(device=None) -> bool:
+    """True once kernels_unavailable_reason(device) has its cached answer (asking again then does no work)."""
+    try:
+        return _device_index(device) in _avail
+    except (ValueError, RuntimeError):
+        return False
 
 
 def kernels_available(device=None) -> bool:

@@ -4,12 +4,11 @@ Everything is timed in one process, side by side (ANCHORS.md's last table is the
 diffusers-style head (eager NCDHW / channels_last_3d / torch.compile), cuDNN conv3d alone, the 3x1x1 conv
 alone, our split path (conv_n128 + head_stencil) with its layout conversions, and a copy of the input as the
 floor. Each row is the median over reps of back-to-back calls between CUDA events (launch gaps overlap).
-Run: python -m taesd_fast.bench_head [out.txt]
+Run: python -m taesd_fast.bench --sections head
 """
 
 from __future__ import annotations
 
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -137,22 +136,3 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
         return rows
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = old
-
-
-def format_rows(rows) -> str:
-    width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{n.ljust(width)}  {ms:8.4f}  {note}" for n, ms, note in rows)
-
-
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    text = format_rows(bench_head())
-    print(text)
-    if argv:
-        with open(argv[0], "w") as f:
-            f.write(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}\n{text}\n")
-
-
-if __name__ == "__main__":
-    main()

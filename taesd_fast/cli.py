@@ -179,12 +179,12 @@ def output_paths(inputs: list[Path], out: Path, suffix: str) -> list[Path]:
 
 def _check_images(paths: list[Path], model, pad: bool) -> None:
     """Every input exists, is an image and (without --pad) fits the model, before any output is written."""
-    from .media import check_multiple, image_size
+    from .media import check_image_file_size, image_size
 
     for path in paths:
         size = image_size(path)
         if not pad:
-            check_multiple(size, model.downscale, str(path))
+            check_image_file_size(size, model.downscale, str(path))
 
 
 def _prepare(path: Path, model, pad: bool) -> tuple[torch.Tensor, tuple[int, int]]:

@@ -203,9 +203,11 @@ class AutoencoderTinyFast(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def enable_tiling(self, tile_size: int | None = None, overlap: int | None = None) -> None:
-        """Decode (and encode) in tiles of tile_size latent cells (default 64, i.e. 512 px); exact, see tiling.py."""
-        self.use_tiling = True
+    def enable_tiling(self, use_tiling: bool = True, *, tile_size: int | None = None, overlap: int | None = None) -> None:
+        """Decode (and encode) in tiles of tile_size latent cells (default 64, i.e. 512 px); exact, see tiling.py.
+
+        The first argument is diffusers' `use_tiling` flag, so `enable_tiling(False)` turns tiling off there too."""
+        self.use_tiling = bool(use_tiling)
         self.tile_size = self.tile_size if tile_size is None else tile_size
         self.tile_overlap = overlap
 
@@ -264,7 +266,7 @@ class AutoencoderTinyFast(nn.Module):
 
     def _decode_raw(self, z: torch.Tensor) -> torch.Tensor:
         if not self.use_tiling:
-            return self.taesd.decoder(z)  # unclamped, as DecoderTiny
+            return self.taesd.decoder(self.taesd.preferred_layout(z))  # unclamped, as DecoderTiny
         return decode_tiled(self.taesd, z, tile=self.tile_size, overlap=self.tile_overlap, clamp=False)
 
     def _offload_hook(self) -> None:

@@ -31,7 +31,7 @@ from .kernels import head as _split_head  # registers taesd_fast::conv_n128 / he
 
 __all__ = [
     "conv2d", "head_conv", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
-    "Candidate", "Spec", "CANDIDATES", "register_candidate", "clear_cache",
+    "Candidate", "Spec", "CANDIDATES", "clear_cache",
 ]
 
 _MODES = ("auto", "torch", "kernels")
@@ -140,13 +140,6 @@ _DEFAULT_ORDER = ("f16_rb", "f16_ocb4", "f16_tile", "split_bf16")
 _RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}
 
 
-def register_candidate(c: Candidate) -> None:
-    """Add (or replace, by name and kind) a candidate; e.g. the head kernels register themselves."""
-    CANDIDATES[:] = [o for o in CANDIDATES if (o.name, o.kind) != (c.name, c.kind)] + [c]
-    _RUN[(c.kind, c.name)] = c.run
-    _decided.clear()
-
-
 def _by_name(kind: str, name: str) -> Candidate:
     for c in CANDIDATES:
         if c.kind == kind and c.name == name:
@@ -250,12 +243,13 @@ def _cached(key: str) -> dict | None:
     return _timings.get(key)
 
 
-def _remember(key: str, entry: dict) -> None:
+def _remember(key: str, persisted: dict, entry: dict) -> None:
     global _timings
     try:
-        _timings = store_timings({key: entry})
+        _timings = store_timings({key: persisted})
     except OSError:  # read-only cache dir: keep the result for this process only
-        _timings = dict(_timings or {}, **{key: entry})
+        _timings = dict(_timings or {})
+    _timings[key] = entry
 
 
 def clear_cache(disk: bool = False) -> None:
@@ -296,7 +290,8 @@ def _fresh_args(kind: str, args: tuple) -> tuple:
 def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS) -> tuple[dict, dict]:
     """Median ms per candidate with CUDA events on fresh random inputs; interleaved reps so clock
     drift hits all candidates alike. Returns (ms, failures)."""
-    fresh = _fresh_args(kind, args)
+    with torch.inference_mode(False):  # stand-ins must be ordinary tensors even under inference_mode
+        fresh = _fresh_args(kind, args)
     ok, failed = [], {}
     for c in cands:
         try:
@@ -334,6 +329,12 @@ def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS) -
 # ------------------------------------------------------------------------------------ decision
 
 
+def _kernel_reason(device: str) -> str | None:
+    if torch.cuda.is_current_stream_capturing() and not _backend.probed(device):
+        return "kernels not probed before CUDA-graph capture (probing compiles and loads a module)"
+    return _backend.kernels_unavailable_reason(device)
+
+
 def _eligible(spec: Spec) -> tuple[list[Candidate], dict]:
     """Candidates of spec.kind that support it (custom kernels also need kernels_available)."""
     out, skipped = [], {}
@@ -344,8 +345,7 @@ def _eligible(spec: Spec) -> tuple[list[Candidate], dict]:
         why = c.supports(spec)
         if why is None and c.kernel:
             if kernel_reason is None:
-                kernel_reason = _backend.kernels_unavailable_reason(spec.device) if spec.device.startswith("cuda") else "CPU tensor"
-                kernel_reason = kernel_reason or ""
+                kernel_reason = _kernel_reason(spec.device) or ""
             why = kernel_reason or None
         if why is None:
             out.append(c)
@@ -379,7 +379,8 @@ def _decide(spec: Spec, mode: str, args: tuple) -> Record:
             return _static_record(spec, mode, cands, skipped, entry, "not timed (compiling/capturing)")
         ms, failed = measure(cands, spec.kind, args)
         entry = {"ms": ms, "failed": failed}
-        _remember(key, entry)
+        # Failures (an OOM while timing, a compile error) stay in this process; only timings persist.
+        _remember(key, {"ms": ms}, entry)
         why = "measured"
     else:
         why = "cached timings"
@@ -429,7 +430,9 @@ def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
     if rec is None:
         rec = _decide_eager(key, mode, args)
     if layer is not None:  # every layer gets its row, also when another layer with this shape decided first
-        _records.setdefault(layer, {})[key] = rec
+        recs = _records.get(layer)
+        if recs is None or recs.get(key) is not rec:
+            _records.setdefault(layer, {})[key] = rec
     return _RUN[(key[0], rec.choice)]
 
 
@@ -440,7 +443,9 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
         if rec.choice != "torch" and torch.cuda.is_current_stream_capturing():
             if not _by_name(spec.kind, rec.choice).ready(spec):  # loading a module mid-capture is unsafe
                 rec = Record(spec, "torch", f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
-        _decided[(mode, key)] = rec
+        if not (spec.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
+            # a capture-time fallback must not stick: the next eager call decides properly
+            _decided[(mode, key)] = rec
         return rec
 
 
@@ -453,12 +458,17 @@ def _key(kind, x, w, b, stride, residual, relu) -> tuple:
 # ------------------------------------------------------------------------------------ contract
 
 
+def _needs_grad(*tensors) -> bool:
+    """Our ops define no backward: a call that autograd must differentiate runs PyTorch."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int = 1,
            residual: Tensor | None = None, relu: bool = False, layer: nn.Module | None = None) -> Tensor:
     """y = conv2d(x, weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu.
     x: [B, C_in, H, W]; weight: [C_out, C_in, k, k]; residual: [B, C_out, Ho, Wo]."""
     args = (x, weight, bias, stride, residual, relu)
-    if _mode == "torch":
+    if _mode == "torch" or _needs_grad(x, weight, bias, residual):
         return _torch_conv2d(*args)
     return _choose(_key("conv2d", *args), args, layer)(*args)
 
@@ -467,7 +477,7 @@ def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Modul
     """clamp(conv3d(x, weight, bias, padding=(0, 1, 1)), -1, 1).
     x: [B, C_in, T+2, H, W] (causal frames in front); weight: [C_out, C_in, 3, 3, 3] -> [B, C_out, T, H, W]."""
     args = (x, weight, bias)
-    if _mode == "torch":
+    if _mode == "torch" or _needs_grad(x, weight, bias):
         return _torch_head(*args)
     return _choose(_key("head", x, weight, bias, 1, None, False), args, layer)(*args)
 
@@ -499,8 +509,12 @@ def dispatch_table(model: nn.Module) -> str:
                          r.why, times or "-"])
     head = ["layer", "input", "weight", "dtype", "s", "epilogue", "layout", "choice", "why", "median ms"]
     lines = [f"dispatch mode={_mode}"]
+    if not rows and _mode == "torch":
+        lines.append("(mode torch: every conv runs PyTorch and no choices are recorded; use auto or kernels for rows)")
+        return "\n".join(lines)
     if not rows:
-        lines.append("(no convs dispatched yet: run the model once on the device, e.g. dispatch.tune(model, x))")
+        lines.append("(no convs dispatched yet: run the model once on the device, e.g. model.decode(latents) or "
+                     "dispatch.tune(model.decode, latents))")
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))

@@ -127,8 +127,8 @@ def resolve(name_or_path: str | os.PathLike | None, *, encoder_path=None, decode
     if name_or_path is None:
         return load_from_folder(BUNDLED_DIR, load_encoder, load_decoder)
     path = Path(name_or_path)
-    if path.is_dir():
-        return load_from_folder(path, load_encoder, load_decoder)
+    if path.is_dir():  # a local copy of a repo: subfolder means the same as on the Hub
+        return load_from_folder(path / (hub_kwargs.get("subfolder") or ""), load_encoder, load_decoder)
     if path.is_file():
         raise ValueError(f"{path} is a single file: pass encoder_path= and/or decoder_path= instead")
     return load_from_hub(require_repo_id(name_or_path), load_encoder=load_encoder, load_decoder=load_decoder, **hub_kwargs)

@@ -67,7 +67,7 @@ def image_size(path: str | os.PathLike) -> tuple[int, int]:
     return height, width
 
 
-def check_multiple(size: tuple[int, int], multiple: int, source: str) -> None:
+def check_image_file_size(size: tuple[int, int], multiple: int, source: str) -> None:
     """size: (height, width). Raises a ValueError that offers --pad when a side is not a multiple."""
     height, width = size
     if height % multiple or width % multiple:

@@ -101,7 +101,8 @@ class TAESD(nn.Module):
         return self
 
     @staticmethod
-    def _preferred_layout(x: torch.Tensor) -> torch.Tensor:
+    def preferred_layout(x: torch.Tensor) -> torch.Tensor:
+        """x in the memory layout the model runs fastest with on its device (channels_last on CUDA)."""
         return x.contiguous(memory_format=torch.channels_last) if x.is_cuda else x
 
     def _param(self, part: str) -> torch.Tensor:
@@ -122,7 +123,7 @@ class TAESD(nn.Module):
         param = self._param("encoder")
         check_tensor(images, "images", channels=3, like=param)
         check_multiple(images, self.downscale, f"the {self.variant} encoder downsamples {self.downscale}x")
-        images = self._preferred_layout(images)
+        images = self.preferred_layout(images)
         if tile_size is not None:
             from .tiling import encode_tiled
 
@@ -132,16 +133,17 @@ class TAESD(nn.Module):
     def decode(self, latents: torch.Tensor, tile_size: int | None = None) -> torch.Tensor:
         """[B, C, h, w] latents -> [B, 3, h*8, w*8] images clamped to [0, 1]. NaN in the latents stays NaN.
 
-        tile_size: decode in tiles of this many output pixels to bound memory; the result equals the untiled
-            decode (taesd_fast.tiling).
+        tile_size: decode in tiles of this many output pixels (a multiple of 8; 32 for taesana) to bound memory;
+            the result equals the untiled decode (taesd_fast.tiling).
         """
         param = self._param("decoder")
         check_tensor(latents, "latents", channels=self.latent_channels, like=param)
-        latents = self._preferred_layout(latents)
+        latents = self.preferred_layout(latents)
         if tile_size is not None:
-            from .tiling import decode_tiled
+            from .tiling import check_geometry, decode_tiled
 
-            return decode_tiled(self, latents, tile=max(1, tile_size // self.downscale))
+            check_geometry(tile_size, 0, self.downscale, "image pixels")
+            return decode_tiled(self, latents, tile=tile_size // self.downscale)
         return self.decoder(latents).clamp(0, 1)
 
     @staticmethod

@@ -75,7 +75,7 @@ def _windows(n: int, tile: int, overlap: int):
         yield start, end, w0, w0 + size
 
 
-def _check_geometry(tile, overlap, unit: int, what: str) -> None:
+def check_geometry(tile, overlap, unit: int, what: str) -> None:
     for name, value, low in (("tile", tile, 1), ("overlap", overlap, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low} ({what}), got {value!r}")
@@ -120,9 +120,9 @@ def decode_tiled(
     layers = _part(model, "decoder")
     check_tensor(latents, "latents", channels=model.latent_channels, like=next(layers.parameters()))
     overlap = radius(model, "decoder") if overlap is None else overlap
-    _check_geometry(tile, overlap, 1, "latent cells")
+    check_geometry(tile, overlap, 1, "latent cells")
     head, middle, _ = split_global("decoder", layers)
-    out = _run_tiled(middle, head(latents), tile, overlap, 1, model.downscale)
+    out = _run_tiled(middle, head(model.preferred_layout(latents)), tile, overlap, 1, model.downscale)
     return out.clamp_(0, 1) if clamp else out
 
 
@@ -137,6 +137,6 @@ def encode_tiled(model, images: torch.Tensor, tile: int = 512, overlap: int | No
     check_tensor(images, "images", channels=3, like=next(layers.parameters()))
     check_multiple(images, f, f"the encoder downsamples {f}x")
     overlap = radius(model, "encoder") * f if overlap is None else overlap
-    _check_geometry(tile, overlap, f, "image pixels")
+    check_geometry(tile, overlap, f, "image pixels")
     _, middle, tail = split_global("encoder", layers)
-    return tail(_run_tiled(middle, images, tile // f, overlap // f, f, 1))
+    return tail(_run_tiled(middle, model.preferred_layout(images), tile // f, overlap // f, f, 1))

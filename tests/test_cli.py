@@ -227,9 +227,11 @@ def test_info(capsys):
 
 
 def test_info_model_prints_the_dispatch_table(capsys):
-    code, out, _ = run(capsys, "info", "--model", "--device", "cpu", "--backend", "torch")
+    code, out, _ = run(capsys, "info", "--model", "--device", "cpu", "--backend", "auto")
     assert code == 0
-    assert "model: taef2" in out and "dispatch mode=torch" in out
+    assert "model: taef2" in out and "dispatch mode=auto" in out
+    # one row per conv layer that ran, with its choice (CPU: PyTorch)
+    assert re.search(r"^decoder\.19\s+\S+\s+3x64x3x3\s+float32\s.*\storch\s", out, re.M), out
 
 
 def test_bad_device_is_a_user_error(capsys):

@@ -370,3 +370,11 @@ def test_patch_wan_vae_rejects_other_models(diffusers, taef2):
 
     with pytest.raises(TypeError, match="expects a diffusers AutoencoderKLWan"):
         patch_wan_vae(taef2)
+
+
+def test_enable_tiling_takes_diffusers_use_tiling_flag():
+    vae = AutoencoderTinyFast.from_pretrained()
+    vae.enable_tiling()
+    assert vae.use_tiling
+    vae.enable_tiling(False)  # diffusers' signature: enable_tiling(use_tiling=True)
+    assert not vae.use_tiling

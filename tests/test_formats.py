@@ -142,6 +142,11 @@ def test_local_folder(files, reference_model, probe, kind):
     assert_same_model(TAESD.from_pretrained(str(files[kind]), variant="taef2"), reference_model, probe)
 
 
+def test_local_folder_with_subfolder(files, reference_model, probe):
+    """A local copy of a pipeline repo: subfolder= picks the VAE folder, as it does on the Hub."""
+    assert_same_model(TAESD.from_pretrained(files["root"], subfolder="diffusers"), reference_model, probe)
+
+
 def test_local_folder_encoder_only_and_decoder_only(files, reference_model):
     enc_only = TAESD.from_pretrained(files["diffusers"], decoder=False)
     dec_only = TAESD.from_pretrained(files["safetensors"], encoder=False)

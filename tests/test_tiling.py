@@ -167,6 +167,10 @@ def test_tile_size_argument_of_encode_and_decode(taef2_real, load_photo):
         tiled = taef2_real.decode(latents, tile_size=128)
     assert (tiled_latents - latents).abs().max().item() <= TOL * latents.abs().max().item()
     assert tiled.shape == decoded.shape and (tiled - decoded).abs().max().item() <= TOL
+    with pytest.raises(ValueError, match=r"tile must be an int >= 1 \(image pixels\), got 0"):
+        taef2_real.decode(latents, tile_size=0)
+    with pytest.raises(ValueError, match=r"tile=100 must be a multiple of 8 \(image pixels\)"):
+        taef2_real.decode(latents, tile_size=100)
 
 
 def test_overlap_can_be_reduced():

@@ -32,7 +32,7 @@ _CL3D = torch.channels_last_3d
 
 __all__ = [
     "GC", "conv_n128", "conv_n128_ref", "head_stencil", "head_stencil_ref", "launch_head_stencil", "pack_weight",
-    "toeplitz_weight", "split_head_conv", "split_head_conv_ref", "split_unsupported_reason",
+    "toeplitz_weight", "split_head_conv",
     "spec_unsupported_reason", "spec_ready",
 ]
 
@@ -69,7 +69,8 @@ class _Derived:
         self._size, self._d, self._lock = size, {}, threading.Lock()
 
     def get(self, src: Tensor, tag, build: Callable[[], Tensor]) -> Tensor:
-        if src.is_cuda and torch.cuda.is_current_stream_capturing():
+        # Inference tensors have no version counter, so an in-place update could not be seen: rebuild.
+        if src.is_inference() or (src.is_cuda and torch.cuda.is_current_stream_capturing()):
             return build()
         key = (src.data_ptr(), src._version, tuple(src.shape), src.stride(), src.dtype, src.device, tag)
         with self._lock:
@@ -322,18 +323,6 @@ def _unsupported(device_type: str, x_shape, w_shape, dtype: torch.dtype) -> str 
     return None
 
 
-def split_unsupported_reason(x: Tensor, weight: Tensor, bias: Tensor | None) -> str | None:
-    """None if split_head_conv's GPU path handles these arguments, else why not."""
-    if weight.dtype != x.dtype:
-        return "x and weight dtypes differ"
-    why = _unsupported(x.device.type, x.shape, weight.shape, x.dtype)
-    if why is None:
-        from .._backend import kernels_unavailable_reason
-
-        why = kernels_unavailable_reason(x.device)
-    return why
-
-
 def spec_unsupported_reason(spec) -> str | None:
     """Dispatch-table form (a dispatch.Spec; kernel availability is checked by dispatch itself)."""
     return _unsupported(spec.device.split(":")[0], spec.x_shape, spec.w_shape, spec.dtype)
@@ -388,9 +377,3 @@ def split_head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: i
         g = conv_n128(x[:, :, :, max(lo - 1, 0): min(lo + rows + 1, h)], wp)
         out[:, :, :, lo: lo + rows].copy_(head_stencil(g, b32, t, lo, rows, h, 1))
     return out
-
-
-def split_head_conv_ref(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: int | None = None) -> Tensor:
-    """What split_head_conv computes, by definition (fp32 math, result in x.dtype)."""
-    y = F.conv3d(x.float(), weight.float(), None if bias is None else bias.float(), padding=(0, 1, 1))
-    return y.clamp(-1, 1).to(x.dtype)

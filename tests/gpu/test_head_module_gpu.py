@@ -71,3 +71,13 @@ def test_auto_picks_split_path_for_the_wan_chunk_shape():
     with torch.no_grad(), backend("auto"):
         head(features, F.silu(torch.randn(1, 256, 2, 352, 640, device="cuda")).bfloat16())
     assert "split_bf16" in head.dispatch_table().splitlines()[-1], head.dispatch_table()
+
+
+def test_backward_goes_through_pytorch():
+    """Our ops define no backward; a call that needs gradients must take the PyTorch path, even when forced."""
+    head = _head().cuda().bfloat16()
+    features = torch.randn(1, 256, 2, 16, 24, device="cuda").bfloat16().requires_grad_()
+    with backend("kernels"):
+        video, _ = head(features)
+        video.float().square().sum().backward()
+    assert features.grad is not None and torch.isfinite(features.grad).all() and features.grad.abs().sum() > 0
