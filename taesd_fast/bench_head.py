@@ -9,7 +9,6 @@ Run: python -m taesd_fast.bench --sections head
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
