@@ -6,12 +6,13 @@ Importing this package never initialises CUDA or compiles anything; kernels are 
 from ._backend import kernels_available, kernels_unavailable_reason
 from .diffusers_compat import AutoencoderTinyFast
 from .dispatch import backend, set_backend
+from .graphs import CUDAGraphed
 from .head import OutputHead
 from .taesd import TAESD
 from .tiling import decode_tiled, encode_tiled
 
 __all__ = [
-    "TAESD", "OutputHead", "AutoencoderTinyFast", "decode_tiled", "encode_tiled",
+    "TAESD", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",
     "backend", "set_backend", "kernels_available", "kernels_unavailable_reason",
 ]
 __version__ = "0.1.0"

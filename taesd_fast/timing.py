@@ -6,6 +6,8 @@ import statistics
 
 import torch
 
+from .graphs import capture
+
 
 def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
     """Median ms per call of fn(). Each rep runs enough back-to-back calls to last ~target_ms, so one
@@ -30,15 +32,5 @@ def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
 
 
 def graphed(fn):
-    """Capture fn() in a CUDA graph (after a side-stream warm-up, as capture requires); returns its replay.
-    fn must read and write the same buffers every call."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """fn() captured in a CUDA graph; returns its replay (see taesd_fast.graphs.capture)."""
+    return capture(fn)[0]
