@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -52,30 +52,28 @@ class TinyVAEConfig(dict):
         self[name] = value
 
 
+class _Output:
+    """diffusers' BaseOutput access: by field name, by index, or as a tuple."""
+
+    def to_tuple(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def __getitem__(self, key):
+        return self.to_tuple()[key] if isinstance(key, int) else getattr(self, key)
+
+
 @dataclass
-class TinyEncoderOutput:
+class TinyEncoderOutput(_Output):
     """What `encode` returns with return_dict=True (diffusers' AutoencoderTinyOutput fields)."""
 
     latents: torch.Tensor
 
-    def to_tuple(self) -> tuple:
-        return (self.latents,)
-
-    def __getitem__(self, key):
-        return self.to_tuple()[key] if isinstance(key, int) else getattr(self, key)
-
 
 @dataclass
-class TinyDecoderOutput:
+class TinyDecoderOutput(_Output):
     """What `decode` returns with return_dict=True (diffusers' DecoderOutput fields)."""
 
     sample: torch.Tensor
-
-    def to_tuple(self) -> tuple:
-        return (self.sample,)
-
-    def __getitem__(self, key):
-        return self.to_tuple()[key] if isinstance(key, int) else getattr(self, key)
 
 
 def architecture_config(arch: Architecture) -> dict:
@@ -152,11 +150,10 @@ class AutoencoderTinyFast(nn.Module):
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"torch_dtype={torch_dtype!r} is not a torch dtype; use e.g. torch.float16")
             torch_dtype = dtype
-        model = TAESD.from_pretrained(
-            pretrained_model_name_or_path, variant=variant, revision=revision, cache_dir=cache_dir,
-            local_files_only=local_files_only, subfolder=subfolder, dtype=torch_dtype, device=device,
-        )
-        found = _read_config(pretrained_model_name_or_path, subfolder, revision, cache_dir, local_files_only)
+        loaded = hub.resolve(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
+                             local_files_only=local_files_only, subfolder=subfolder)
+        model = TAESD.from_loaded(loaded, variant=variant, dtype=torch_dtype, device=device)
+        found = loaded.config  # {} for the bundled weights and upstream-file sources
         if found.get("latent_channels", model.latent_channels) != model.latent_channels:
             raise WeightsError(
                 f"config.json of {pretrained_model_name_or_path} says latent_channels={found['latent_channels']} "
@@ -172,12 +169,10 @@ class AutoencoderTinyFast(nn.Module):
             raise TypeError(f"expected a diffusers AutoencoderTiny, got {type(vae).__name__}")
         encoder, decoder = from_diffusers(vae.state_dict())
         loaded = hub.LoadedWeights(encoder or None, decoder or None, None, [f"a {type(vae).__name__}"])
-        arch = hub.detect_architecture(loaded)
-        model = TAESD(hub.check_variant(arch, None, loaded), encoder=bool(encoder), decoder=bool(decoder))
-        model.load_weights(loaded.encoder, loaded.decoder, source=loaded.sources[0])
         param = next(vae.parameters())
+        model = TAESD.from_loaded(loaded, dtype=param.dtype, device=param.device)
         settings = {k: vae.config[k] for k in SETTABLE if k in vae.config}
-        return cls(model.to(device=param.device, dtype=param.dtype).eval(), **settings).train(vae.training)
+        return cls(model, **settings).train(vae.training)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         """Write config.json + diffusion_pytorch_model.safetensors in diffusers' AutoencoderTiny layout.
@@ -278,25 +273,6 @@ class AutoencoderTinyFast(nn.Module):
 
     def extra_repr(self) -> str:
         return f"scaling_factor={self.config.scaling_factor}, shift_factor={self.config.shift_factor}"
-
-
-def _read_config(name_or_path, subfolder, revision, cache_dir, local_files_only) -> dict:
-    """The checkpoint's config.json as a dict, or {} where there is none (bundled weights, upstream-only repos)."""
-    if name_or_path is None:
-        return {}
-    folder = Path(name_or_path)
-    if folder.is_dir():
-        path = folder / (subfolder or "") / hub.DIFFUSERS_CONFIG
-        return json.loads(path.read_text()) if path.is_file() else {}
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
-    try:
-        path = hf_hub_download(str(name_or_path), hub.DIFFUSERS_CONFIG, subfolder=subfolder, revision=revision,
-                               cache_dir=cache_dir, local_files_only=local_files_only)
-    except (EntryNotFoundError, LocalEntryNotFoundError):
-        return {}
-    return json.loads(Path(path).read_text())
 
 
 def patch_wan_vae(vae):

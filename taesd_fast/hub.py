@@ -26,6 +26,7 @@ class LoadedWeights:
     decoder: StateDict | None
     name_hint: str | None  # a variant name found in the repo id, folder or file names
     sources: list[str] = field(default_factory=list)  # for error messages
+    config: dict = field(default_factory=dict)  # the diffusers config.json, when the source has one
 
 
 def variant_hint(*names: str | os.PathLike | None) -> str | None:
@@ -65,11 +66,11 @@ def _load_diffusers(folder: Path, load_encoder: bool, load_decoder: bool) -> Loa
     encoder, decoder = from_diffusers(read_state_dict(folder / DIFFUSERS_WEIGHTS))
     hint = variant_hint(folder)
     config_path = folder / DIFFUSERS_CONFIG
-    if config_path.is_file():
-        config = json.loads(config_path.read_text())
-        if config.get("_class_name") not in (None, "AutoencoderTiny"):
-            raise WeightsError(f"{config_path} describes a {config['_class_name']}, not an AutoencoderTiny")
-    return LoadedWeights(encoder if load_encoder else None, decoder if load_decoder else None, hint, [str(folder)])
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if config.get("_class_name") not in (None, "AutoencoderTiny"):
+        raise WeightsError(f"{config_path} describes a {config['_class_name']}, not an AutoencoderTiny")
+    return LoadedWeights(encoder if load_encoder else None, decoder if load_decoder else None, hint, [str(folder)],
+                         config)
 
 
 def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, revision=None, cache_dir=None,

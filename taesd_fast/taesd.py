@@ -13,6 +13,11 @@ from .layers import name_layers
 from .validation import check_multiple, check_tensor
 
 
+def _check_dtype(dtype: torch.dtype | None) -> None:
+    if dtype is not None and not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating point dtype such as torch.float16, got {dtype}")
+
+
 class TAESD(nn.Module):
     """Tiny AutoEncoder. Images are [B, 3, H, W] in [0, 1]; latents are unscaled (scale factor 1).
 
@@ -67,13 +72,19 @@ class TAESD(nn.Module):
             encoder-only or decoder-only model.
         variant: optional check; the variant is detected from the tensors, and a name that disagrees is an error.
         """
-        if dtype is not None and not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating point dtype such as torch.float16, got {dtype}")
+        _check_dtype(dtype)
         loaded = hub.resolve(
             name_or_path, encoder_path=encoder_path, decoder_path=decoder_path, load_encoder=encoder,
             load_decoder=decoder, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
             subfolder=subfolder,
         )
+        return cls.from_loaded(loaded, variant=variant, dtype=dtype, device=device)
+
+    @classmethod
+    def from_loaded(cls, loaded: "hub.LoadedWeights", *, variant: str | None = None,
+                    dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "TAESD":
+        """The model for state dicts already read (hub.resolve, or converted from another library's module)."""
+        _check_dtype(dtype)
         arch = hub.detect_architecture(loaded)
         name = hub.check_variant(arch, variant, loaded)
         model = cls(name, encoder=loaded.encoder is not None, decoder=loaded.decoder is not None)
