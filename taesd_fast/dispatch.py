@@ -57,12 +57,14 @@ class Spec:
     residual: bool
     relu: bool
     layout: str  # "nchw" | "channels_last" | "strided"
+    upsample: int = 1  # conv2d: nearest upsample of x by this factor before the conv (kernels fold it)
 
     def key(self, gpu: str) -> str:
         shp = lambda s: "x".join(map(str, s))  # noqa: E731
         flags = "".join(f for f, on in (("b", self.bias), ("r", self.residual), ("R", self.relu)) if on) or "-"
         return (f"{gpu}|torch{torch.__version__}|src{_backend.sources_hash()}|{self.kind}|x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
-                f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}")
+                f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
+                + (f"|u{self.upsample}" if self.upsample != 1 else ""))
 
 
 def _layout(x: Tensor) -> str:
@@ -81,7 +83,7 @@ def _layout(x: Tensor) -> str:
 @dataclass(frozen=True)
 class Candidate:
     """One implementation of a call `kind`. `supports(spec)` returns None or why not; `run` takes the
-    kind's arguments: conv2d (x, w, b, stride, residual, relu), head (x, w, b). `kernel=True` marks
+    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample), head (x, w, b). `kernel=True` marks
     custom kernels (they also need kernels_available and are what auto mode must justify by timing).
     `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
 
@@ -94,7 +96,9 @@ class Candidate:
     layouts: tuple = ("nchw",)  # input layouts the kernel reads natively (others are converted first)
 
 
-def _torch_conv2d(x, w, b, stride, residual, relu):
+def _torch_conv2d(x, w, b, stride, residual, relu, upsample=1):
+    if upsample != 1:
+        x = F.interpolate(x, scale_factor=upsample, mode="nearest")
     y = F.conv2d(x, w, b, stride=stride, padding=w.shape[-1] // 2)
     if residual is not None:
         y = y + residual
@@ -111,9 +115,11 @@ def _f16_candidate(variant: str) -> Candidate:
     def supports(s: Spec) -> str | None:
         if not s.device.startswith("cuda"):
             return "CPU tensor"
+        if s.upsample != 1:
+            return "no upsample fold in the SIMT kernels"
         return k.unsupported_reason(s.x_shape, s.w_shape, s.dtype, s.stride, variant)
 
-    def run(x, w, b, stride, residual, relu):
+    def run(x, w, b, stride, residual, relu, upsample=1):
         return torch.ops.taesd_fast.conv3x3_f16(x, w, b, residual, stride, relu, variant)
 
     def ready(s: Spec) -> bool:
@@ -280,9 +286,9 @@ def _fresh_like(t: Tensor | None, scale: float = 1.0) -> Tensor | None:
 
 def _fresh_args(kind: str, args: tuple) -> tuple:
     if kind == "conv2d":
-        x, w, b, stride, res, relu = args
+        x, w, b, stride, res, relu, up = args
         fan_in = w[0].numel()
-        return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu)
+        return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu, up)
     x, w, b = args
     return (_fresh_like(x), _fresh_like(w, w[0].numel() ** -0.5), _fresh_like(b, 0.1))
 
@@ -449,10 +455,10 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
         return rec
 
 
-def _key(kind, x, w, b, stride, residual, relu) -> tuple:
+def _key(kind, x, w, b, stride, residual, relu, upsample=1) -> tuple:
     """Plain-tuple form of Spec (same field order)."""
     return (kind, str(x.device), tuple(x.shape), tuple(w.shape), x.dtype, int(stride), b is not None,
-            residual is not None, bool(relu), _layout(x))
+            residual is not None, bool(relu), _layout(x), int(upsample))
 
 
 # ------------------------------------------------------------------------------------ contract
@@ -464,10 +470,12 @@ def _needs_grad(*tensors) -> bool:
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int = 1,
-           residual: Tensor | None = None, relu: bool = False, layer: nn.Module | None = None) -> Tensor:
-    """y = conv2d(x, weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu.
+           residual: Tensor | None = None, relu: bool = False, upsample: int = 1,
+           layer: nn.Module | None = None) -> Tensor:
+    """y = conv2d(up(x), weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu, where up is a
+    nearest upsample by `upsample` (1: none) that kernels may fold into the conv.
     x: [B, C_in, H, W]; weight: [C_out, C_in, k, k]; residual: [B, C_out, Ho, Wo]."""
-    args = (x, weight, bias, stride, residual, relu)
+    args = (x, weight, bias, stride, residual, relu, upsample)
     if _mode == "torch" or _needs_grad(x, weight, bias, residual):
         return _torch_conv2d(*args)
     return _choose(_key("conv2d", *args), args, layer)(*args)
@@ -502,7 +510,8 @@ def dispatch_table(model: nn.Module) -> str:
     for name, mod in model.named_modules():
         for r in _records.get(mod, {}).values():
             spec = r.spec
-            flags = "+".join(f for f, on in (("bias", spec.bias), ("res", spec.residual), ("relu", spec.relu)) if on)
+            flags = "+".join(f for f, on in (("up2", spec.upsample == 2), ("bias", spec.bias), ("res", spec.residual),
+                                             ("relu", spec.relu)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),
                          str(spec.dtype).replace("torch.", ""), str(spec.stride), flags or "-", spec.layout, r.choice,

@@ -21,8 +21,10 @@ class DispatchConv2d(nn.Conv2d):
 
     layer_name = "?"  # set by `name_layers` to the module's path, for the dispatch table
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
-        return dispatch.conv2d(x, self.weight, self.bias, stride=self.stride[0], residual=residual, relu=relu, layer=self)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, relu: bool = False,
+                upsample: int = 1) -> torch.Tensor:
+        return dispatch.conv2d(x, self.weight, self.bias, stride=self.stride[0], residual=residual, relu=relu,
+                               upsample=upsample, layer=self)
 
 
 def conv3x3(n_in: int, n_out: int, stride: int = 1, bias: bool = True) -> DispatchConv2d:
@@ -68,8 +70,17 @@ class Block(nn.Module):
         return third(h, residual=self.skip(x), relu=True)
 
 
+def _nearest_factor(module: nn.Module) -> int | None:
+    """The integer factor of a nearest nn.Upsample (the decoder's), else None."""
+    if not isinstance(module, nn.Upsample) or module.mode != "nearest" or module.size is not None:
+        return None
+    f = module.scale_factor
+    return int(f) if isinstance(f, (int, float)) and float(f).is_integer() else None
+
+
 class ReLUSequential(nn.Sequential):
-    """nn.Sequential that hands a conv followed by nn.ReLU to the dispatcher as one fused call.
+    """nn.Sequential that hands the dispatcher fused calls: a nearest nn.Upsample followed by a conv (a kernel
+    may fold the upsample into the conv), and a conv followed by nn.ReLU.
 
     Keys and indices are those of a plain nn.Sequential; only the forward differs.
     """
@@ -78,10 +89,16 @@ class ReLUSequential(nn.Sequential):
         modules = list(self)
         i = 0
         while i < len(modules):
+            upsample = _nearest_factor(modules[i])
+            if upsample is not None and i + 1 < len(modules) and isinstance(modules[i + 1], DispatchConv2d):
+                i += 1  # the conv does the upsample
+            else:
+                upsample = 1
             module = modules[i]
-            if isinstance(module, DispatchConv2d) and i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU):
-                x = module(x, relu=True)
-                i += 2
+            if isinstance(module, DispatchConv2d):
+                relu = i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU)
+                x = module(x, relu=relu, upsample=upsample)
+                i += 2 if relu else 1
             else:
                 x = module(x)
                 i += 1

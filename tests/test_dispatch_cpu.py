@@ -186,3 +186,22 @@ def test_disable_env_reason(monkeypatch):
     monkeypatch.setenv("TAESD_FAST_DISABLE_KERNELS", "1")
     assert _backend.kernels_unavailable_reason() == "disabled by TAESD_FAST_DISABLE_KERNELS"
     assert not _backend.kernels_available()
+
+
+def test_decoder_hands_upsample_to_the_conv_and_stays_exact():
+    """ReLUSequential folds each nearest Upsample into the next conv's dispatch call (kernels may fold it into
+    their loads); the PyTorch path must give exactly what the plain upsample-then-conv Sequential gives."""
+    from taesd_fast import TAESD
+
+    torch.manual_seed(0)
+    model = TAESD("taesd", encoder=False)
+    latents = torch.randn(2, 4, 6, 5)
+    plain = torch.nn.Sequential(*model.decoder)  # same modules, plain forward: nn.Upsample runs on its own
+    with torch.no_grad():
+        ours = model.decoder(latents)
+        expected = plain(latents)
+    assert torch.equal(ours, expected)
+    rows = [r for r in model.dispatch_table().splitlines() if " up2" in r]
+    assert [r.split()[0] for r in rows] == ["decoder.7", "decoder.12", "decoder.17"]
+    # each conv is given the low-resolution input
+    assert [r.split()[1] for r in rows] == ["2x64x6x5", "2x64x12x10", "2x64x24x20"]
