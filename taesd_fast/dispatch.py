@@ -47,7 +47,7 @@ _REPS, _WARMUP = 7, 3
 class Spec:
     """Everything a decision depends on; hashable, shapes as plain ints."""
 
-    kind: str  # "conv2d" | "head"
+    kind: str  # "conv2d" | "head" | "head_full"
     device: str  # "cpu", "cuda:0", ...
     x_shape: tuple
     w_shape: tuple
@@ -109,6 +109,22 @@ def _torch_head(x, w, b):
     return F.conv3d(x, w, b, padding=(0, 1, 1)).clamp(-1.0, 1.0)
 
 
+def _torch_head_full(x, cache, gamma, w, b, eps):
+    window = _split_head.causal_window(_split_head.activate(x, gamma, eps), cache)
+    return _torch_head(window, w, b), window[:, :, -2:]
+
+
+def _split_head_full(x, cache, gamma, w, b, eps):
+    window = _split_head.causal_window(_split_head.activate(x, gamma, eps), cache)
+    return _split_head.split_head_conv(window, w, b), window[:, :, -2:]
+
+
+def _head_full_window_spec(s: Spec) -> Spec:
+    """The conv's spec inside a head_full call: the window has 2 more frames than the features."""
+    b, c, t, h, w = s.x_shape
+    return Spec("head", s.device, (b, c, t + 2, h, w), s.w_shape, s.dtype, 1, s.bias, False, False, s.layout)
+
+
 def _f16_candidate(variant: str) -> Candidate:
     from .kernels import conv3x3 as k  # registers the op; touches no CUDA
 
@@ -138,6 +154,11 @@ CANDIDATES: list[Candidate] = [
     Candidate("torch", "head", _always, _torch_head, kernel=False),
     Candidate("split_bf16", "head", _split_head.spec_unsupported_reason, _split_head.split_head_conv, True,
               _split_head.spec_ready, ("nchw", "channels_last")),
+    # head_full: RMS norm + SiLU + causal window + conv + clamp in one call; returns (out, new cache).
+    Candidate("torch", "head_full", _always, _torch_head_full, kernel=False),
+    Candidate("split_bf16", "head_full", lambda s: _split_head.spec_unsupported_reason(_head_full_window_spec(s)),
+              _split_head_full, True, lambda s: _split_head.spec_ready(_head_full_window_spec(s)),
+              ("nchw", "channels_last")),
 ]
 # Forced-kernel mode with no timings: the order measured best on H200 (SIMT convs), then the head kernel.
 _DEFAULT_ORDER = ("f16_rb", "f16_ocb4", "f16_tile", "split_bf16")
@@ -289,6 +310,10 @@ def _fresh_args(kind: str, args: tuple) -> tuple:
         x, w, b, stride, res, relu, up = args
         fan_in = w[0].numel()
         return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu, up)
+    if kind == "head_full":
+        x, cache, gamma, w, b, eps = args
+        return (_fresh_like(x), _fresh_like(cache), _fresh_like(gamma).add_(1.0), _fresh_like(w, w[0].numel() ** -0.5),
+                _fresh_like(b, 0.1), eps)
     x, w, b = args
     return (_fresh_like(x), _fresh_like(w, w[0].numel() ** -0.5), _fresh_like(b, 0.1))
 
@@ -490,6 +515,18 @@ def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Modul
     return _choose(_key("head", x, weight, bias, 1, None, False), args, layer)(*args)
 
 
+def head_full(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float, *,
+              layer: nn.Module | None = None) -> tuple[Tensor, Tensor]:
+    """The whole output head: window = [cache | silu(rms_norm(x))] (zero frames when cache is None), then
+    (clamp(conv3d(window, weight, bias, padding=(0, 1, 1)), -1, 1), window[:, :, -2:]).
+    x: [B, C_in, T, H, W]; cache: [B, C_in, 2, H, W] post-SiLU frames or None."""
+    args = (x, cache, gamma, weight, bias, eps)
+    if _mode == "torch" or _needs_grad(x, cache, gamma, weight, bias):
+        return _torch_head_full(*args)
+    # Spec.residual records whether a cache was given (the first chunk has none).
+    return _choose(_key("head_full", x, weight, bias, 1, cache, False), args, layer)(*args)
+
+
 # ------------------------------------------------------------------------------------ reporting
 
 
@@ -510,7 +547,8 @@ def dispatch_table(model: nn.Module) -> str:
     for name, mod in model.named_modules():
         for r in _records.get(mod, {}).values():
             spec = r.spec
-            flags = "+".join(f for f, on in (("up2", spec.upsample == 2), ("bias", spec.bias), ("res", spec.residual),
+            res = "cache" if spec.kind == "head_full" else "res"
+            flags = "+".join(f for f, on in (("up2", spec.upsample == 2), ("bias", spec.bias), (res, spec.residual),
                                              ("relu", spec.relu)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),

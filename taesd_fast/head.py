@@ -13,10 +13,10 @@ import os
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from einops import rearrange
 
 from . import dispatch
+from .kernels import head as head_ops
 from .validation import check_tensor
 from .hub import require_repo_id
 from .weights_io import WeightsError, read_state_dict
@@ -39,15 +39,12 @@ class RMSNorm(nn.Module):
 
     def __init__(self, channels: int, eps: float = 1e-12):
         super().__init__()
-        self.scale = channels**0.5
         self.eps = eps
         self.gamma = nn.Parameter(torch.ones(channels, 1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In fp32 at least, so bf16 features are rounded once, after the norm, not inside it.
-        compute = torch.promote_types(x.dtype, torch.float32)
-        y = F.normalize(x.to(compute), dim=1, eps=self.eps) * self.scale * self.gamma.to(compute)
-        return y.to(x.dtype)
+        return head_ops.rms_norm(x, self.gamma, self.eps)
 
 
 class CausalConv3d(nn.Conv3d):
@@ -77,7 +74,7 @@ class OutputHead(nn.Module):
 
     def activate(self, features: torch.Tensor) -> torch.Tensor:
         """RMS norm then SiLU: what `forward_activated` expects to be given."""
-        return F.silu(self.norm_out(features))
+        return head_ops.activate(features, self.norm_out.gamma, self.norm_out.eps)
 
     def forward(self, features: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """features: [B, C_in, T, H, W]; cache: the previous chunk's returned cache, or None for the first chunk.
@@ -86,23 +83,30 @@ class OutputHead(nn.Module):
         when patch_size is None), clamped to [-1, 1].
         """
         check_tensor(features, "features", channels=self.in_channels, like=self.conv_out.weight, rank=5)
-        return self.forward_activated(self.activate(features), cache)
+        self._check_cache(features, cache)
+        # One dispatched call for norm, SiLU, window and conv, so a kernel can fuse all of them.
+        out, new_cache = dispatch.head_full(features, cache, self.norm_out.gamma, self.conv_out.weight,
+                                            self.conv_out.bias, self.norm_out.eps, layer=self.conv_out)
+        return self.unpatchify(out), new_cache
 
     def forward_activated(self, activated: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Like forward, for callers that already applied the RMS norm and SiLU (see `activate`)."""
         check_tensor(activated, "activated features", channels=self.in_channels, like=self.conv_out.weight, rank=5)
-        b, c, _, h, w = activated.shape
-        if cache is None:
-            # Zero frames are exactly the causal zero padding of the first chunk.
-            cache = activated.new_zeros(b, c, CAUSAL_FRAMES, h, w)
-        elif cache.shape != (b, c, CAUSAL_FRAMES, h, w) or cache.dtype != activated.dtype:
-            raise ValueError(
-                f"cache must be the [B, C, {CAUSAL_FRAMES}, H, W] tensor returned by the previous call "
-                f"({(b, c, CAUSAL_FRAMES, h, w)}, {activated.dtype}), got {tuple(cache.shape)}, {cache.dtype}"
-            )
-        window = torch.cat([cache, activated], dim=2)
+        self._check_cache(activated, cache)
+        window = head_ops.causal_window(activated, cache, CAUSAL_FRAMES)
         out = self.conv_out(window)
         return self.unpatchify(out), window[:, :, -CAUSAL_FRAMES:]
+
+    @staticmethod
+    def _check_cache(x: torch.Tensor, cache: torch.Tensor | None) -> None:
+        b, c, _, h, w = x.shape
+        if cache is not None and (cache.shape != (b, c, CAUSAL_FRAMES, h, w) or cache.dtype != x.dtype
+                                  or cache.device != x.device):
+            raise ValueError(
+                f"cache must be the [B, C, {CAUSAL_FRAMES}, H, W] tensor returned by the previous call "
+                f"({(b, c, CAUSAL_FRAMES, h, w)}, {x.dtype}, {x.device}), got {tuple(cache.shape)}, {cache.dtype}, "
+                f"{cache.device}"
+            )
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         if self.patch_size is None:

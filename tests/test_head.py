@@ -391,3 +391,19 @@ def test_checkpoint_with_wrong_conv_shape(tmp_path):
     save_file(dict(zip(DIFFUSERS_KEYS, (gamma, weight[:, :, :1].contiguous(), bias))), str(path))
     with pytest.raises(WeightsError, match=r"conv_out\.weight should be \[C_out, C_in, 3, 3, 3\].*\(12, 64, 1, 3, 3\)"):
         OutputHead.from_pretrained(path)
+
+
+def test_forward_is_one_dispatched_head_full_call():
+    """forward hands norm, SiLU, window and conv to the dispatcher as one call (a kernel may fuse all of it);
+    on CPU that call runs PyTorch, recorded under conv_out with the cache flag of the chunk."""
+    from taesd_fast import dispatch
+
+    torch.manual_seed(3)
+    head = OutputHead(16, 12)
+    x = torch.randn(1, 16, 3, 5, 6)
+    with torch.no_grad(), dispatch.backend("auto"):
+        _, cache = head(x)
+        head(torch.randn(1, 16, 2, 5, 6), cache)
+    rows = [r for r in head.dispatch_table().splitlines() if r.startswith("conv_out")]
+    assert len(rows) == 2 and all(" torch " in r for r in rows)
+    assert "1x16x3x5x6" in rows[0] and "bias " in rows[0] and "bias+cache" in rows[1]

@@ -37,6 +37,30 @@ __all__ = [
 ]
 
 
+# --------------------------------------------------------------------------- activation
+
+
+def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+    """Channel-wise (dim 1) L2 norm times sqrt(C) times gamma, in fp32 at least, rounded once to x.dtype
+    (diffusers' WanRMS_norm, channel-first)."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    y = F.normalize(x.to(compute), dim=1, eps=eps) * (x.shape[1] ** 0.5) * gamma.to(compute).reshape(-1, 1, 1, 1)
+    return y.to(x.dtype)
+
+
+def activate(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+    """RMS norm then SiLU: the conv's input, before the causal frames are put in front."""
+    return F.silu(rms_norm(x, gamma, eps))
+
+
+def causal_window(activated: Tensor, cache: Tensor | None, frames: int = 2) -> Tensor:
+    """[cache | activated] along time; no cache means zero frames, the first chunk's causal padding."""
+    if cache is None:
+        b, c, _, h, w = activated.shape
+        cache = activated.new_zeros(b, c, frames, h, w)
+    return torch.cat([cache, activated], dim=2)
+
+
 # --------------------------------------------------------------------------- weights
 
 
