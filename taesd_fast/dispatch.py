@@ -94,6 +94,7 @@ class Candidate:
     kernel: bool = True
     ready: Callable[[Spec], bool] = lambda spec: True
     layouts: tuple = ("nchw",)  # input layouts the kernel reads natively (others are converted first)
+    nvrtc: bool = True  # needs our NVRTC-built kernels (Triton candidates check Triton in `supports` instead)
 
 
 def _torch_conv2d(x, w, b, stride, residual, relu, upsample=1):
@@ -145,9 +146,22 @@ def _f16_candidate(variant: str) -> Candidate:
     return Candidate(f"f16_{variant}", "conv2d", supports, run, True, ready)
 
 
+def _tc_candidate() -> Candidate:
+    """The Triton tensor-core conv (kernels/conv_tc.py), imported on first use: importing Triton is slow."""
+
+    def tc():
+        from .kernels import conv_tc
+
+        return conv_tc
+
+    return Candidate("tc", "conv2d", lambda s: tc().spec_unsupported_reason(s), lambda *a: tc().run_conv2d(*a),
+                     True, lambda s: tc().spec_ready(s), ("channels_last",), nvrtc=False)
+
+
 _always = lambda s: None  # noqa: E731
 CANDIDATES: list[Candidate] = [
     Candidate("torch", "conv2d", _always, _torch_conv2d, kernel=False),
+    _tc_candidate(),
     _f16_candidate("rb"),
     _f16_candidate("ocb4"),
     _f16_candidate("tile"),
@@ -160,8 +174,9 @@ CANDIDATES: list[Candidate] = [
               _split_head_full, True, lambda s: _split_head.spec_ready(_head_full_window_spec(s)),
               ("nchw", "channels_last")),
 ]
-# Forced-kernel mode with no timings: the order measured best on H200 (SIMT convs), then the head kernel.
-_DEFAULT_ORDER = ("f16_rb", "f16_ocb4", "f16_tile", "split_bf16")
+# Forced-kernel mode with no timings: the order measured best on H200 (tensor-core conv, then the SIMT convs),
+# then the head kernels.
+_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "split_bf16")
 
 
 _RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}
@@ -374,7 +389,7 @@ def _eligible(spec: Spec) -> tuple[list[Candidate], dict]:
         if c.kind != spec.kind:
             continue
         why = c.supports(spec)
-        if why is None and c.kernel:
+        if why is None and c.kernel and c.nvrtc:
             if kernel_reason is None:
                 kernel_reason = _kernel_reason(spec.device) or ""
             why = kernel_reason or None

@@ -47,7 +47,7 @@ def test_cpu_conv2d_matches_reference_and_picks_torch(dtype, stride):
     assert ((y.double() - ref).norm() / ref.norm()).item() < (1e-6 if dtype == torch.float32 else 5e-3)
     table = dispatch.dispatch_table(conv)
     (row,) = [line for line in table.splitlines() if line.startswith("net.conv")]
-    assert row.split()[7] == "torch" and "f16_rb: CPU tensor" in row
+    assert row.split()[7] == "torch" and "tc: CPU tensor" in row
     (rec,) = dispatch._records[conv].values()
     assert rec.choice == "torch" and rec.skipped["f16_rb"] == "CPU tensor"
 
@@ -91,7 +91,8 @@ def test_eligibility_reasons():
     assert "1..64" in reasons(w_shape=(128, 64, 3, 3))["f16_tile"]
     assert "3x3" in reasons(w_shape=(64, 64, 1, 1))["f16_ocb4"]
     assert "stride 1 only" in reasons(stride=2)["f16_rb"] and reasons(stride=2)["f16_ocb4"] is None
-    assert reasons(device="cpu")["f16_rb"] == "CPU tensor"
+    assert reasons(device="cpu")["f16_rb"] == "CPU tensor" and reasons(device="cpu")["tc"] == "CPU tensor"
+    assert "upsample" in reasons(upsample=2)["f16_rb"]
 
 
 def test_op_validation_messages():

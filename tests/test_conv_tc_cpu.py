@@ -1,0 +1,285 @@
+"""CPU checks of taesd_fast::conv3x3_tc (kernels/conv_tc.py): argument checks, the PyTorch twin, the upsample-fold
+maths, weight packing and its cache, and the Triton kernel itself run by Triton's interpreter.
+
+Interpreter: TRITON_INTERPRET=1 must be set before triton is imported, and it would turn every Triton kernel in the
+process into Python. So the kernel cases run in one subprocess (this file run as a script with --interpret-cases),
+which prints one JSON line per case; the tests here check those lines. Skipped with the reason when triton is missing.
+
+Error bound: relative error ||y - ref|| / ||ref|| against a float64 reference must be <= 2x PyTorch's own f16 error on
+the same inputs. On CPU, PyTorch's f16 error is that of the f16 ops the model runs today (clamp, interpolate, conv,
++ residual, ReLU, each in torch.float16). CPU f16 conv is supported and accumulates in fp32 (measured: the same error
+as an fp32 conv of the f16 inputs rounded once), so this is the honest "PyTorch f16" baseline on this machine.
+Inputs are fresh random normals (never zeros) and the kernel's output is NaN-poisoned before every launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from taesd_fast.kernels import conv_tc as tc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CL = torch.channels_last
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+def _make(B, cin, cout, H, W, stride=1, upsample=1, bias=True, residual=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, cin, H, W, generator=gen).half().contiguous(memory_format=CL)
+    w = (torch.randn(cout, cin, 3, 3, generator=gen) / (3 * cin**0.5)).half()
+    b = (torch.randn(cout, generator=gen) * 0.5).half() if bias else None
+    oshape = tc.output_shape(x.shape, w.shape, stride, upsample)
+    r = torch.randn(oshape, generator=gen).half().contiguous(memory_format=CL) if residual else None
+    return x, w, b, r
+
+
+def _reference64(x, w, b, r, stride, relu, upsample, pre_clamp):
+    h = x.double()
+    if pre_clamp:
+        h = torch.tanh(h / 3) * 3
+    if upsample == 2:
+        h = F.interpolate(h, scale_factor=2, mode="nearest")
+    y = F.conv2d(h, w.double(), None if b is None else b.double(), stride=stride, padding=1)
+    if r is not None:
+        y = y + r.double()
+    return torch.relu(y) if relu else y
+
+
+def _torch_f16(x, w, b, r, stride, relu, upsample, pre_clamp):
+    """What the model computes today, op by op in f16 (the decoder's Clamp, nn.Upsample, conv, + skip, ReLU)."""
+    h = torch.tanh(x / 3) * 3 if pre_clamp else x
+    if upsample == 2:
+        h = F.interpolate(h, scale_factor=2, mode="nearest")
+    y = F.conv2d(h, w, b, stride=stride, padding=1)
+    if r is not None:
+        y = y + r
+    return torch.relu(y) if relu else y
+
+
+# --------------------------------------------------------------------------- no Triton needed
+
+
+def test_unsupported_reason_and_errors():
+    f16 = torch.float16
+    assert tc.unsupported_reason((1, 64, 8, 8), (64, 64, 3, 3), f16, 1, 1) is None
+    assert tc.unsupported_reason((1, 64, 8, 8), (64, 64, 3, 3), f16, 1, 2) is None
+    assert "float16" in tc.unsupported_reason((1, 64, 8, 8), (64, 64, 3, 3), torch.float32, 1)
+    assert "3x3" in tc.unsupported_reason((1, 64, 8, 8), (64, 64, 1, 1), f16, 1)
+    assert "C_in" in tc.unsupported_reason((1, 32, 8, 8), (64, 64, 3, 3), f16, 1)
+    assert "stride" in tc.unsupported_reason((1, 64, 8, 8), (64, 64, 3, 3), f16, 3)
+    assert "stride 1" in tc.unsupported_reason((1, 64, 8, 8), (64, 64, 3, 3), f16, 2, 2)
+    assert "1..256" in tc.unsupported_reason((1, 512, 8, 8), (64, 512, 3, 3), f16, 1)
+    x, w, b, r = _make(1, 16, 8, 5, 6)
+    op = torch.ops.taesd_fast.conv3x3_tc
+    with pytest.raises(ValueError, match="float16"):
+        op(x.float(), w, b, r, 1, True, 1, False)
+    with pytest.raises(ValueError, match="residual must have the output shape"):
+        op(x, w, b, r[:, :, :-1], 1, True, 1, False)
+    with pytest.raises(ValueError, match=r"b must have shape \(8,\)"):
+        op(x, w, b[:4], r, 1, True, 1, False)
+    with pytest.raises(ValueError, match="upsample=2 needs stride 1"):
+        op(x, w, b, None, 2, True, 2, False)
+
+
+@pytest.mark.parametrize("upsample,stride", [(1, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize("pre_clamp", [False, True])
+def test_cpu_op_is_twin_and_matches_reference(upsample, stride, pre_clamp):
+    """On CPU (no interpreter) the op runs the twin: fp32 maths, channels_last output, within 2x PyTorch's f16 error."""
+    x, w, b, r = _make(2, 16, 32, 7, 9, stride, upsample, seed=3)
+    args = (x, w, b, r, stride, True, upsample, pre_clamp)
+    y = torch.ops.taesd_fast.conv3x3_tc(*args)
+    assert y.is_contiguous(memory_format=CL) and y.dtype == torch.float16
+    assert y.shape == tc.output_shape(x.shape, w.shape, stride, upsample)
+    torch.testing.assert_close(y, tc.conv3x3_tc_ref(*args), rtol=0, atol=0)
+    ref = _reference64(*args)
+    assert _rel(y, ref) <= 2 * _rel(_torch_f16(*args), ref) + 1e-7
+
+
+@pytest.mark.parametrize("H,W", [(1, 1), (4, 5), (7, 3)])
+def test_upsample_fold_is_exact_in_fp64(H, W):
+    """The 4 phase 2x2 convs on the low-res input equal nearest-2x upsample + 3x3 conv (fp64: exact up to roundoff)."""
+    gen = torch.Generator().manual_seed(H * 10 + W)
+    x = torch.randn(2, 5, H, W, generator=gen, dtype=torch.float64)
+    w = torch.randn(6, 5, 3, 3, generator=gen, dtype=torch.float64)
+    want = F.conv2d(F.interpolate(x, scale_factor=2, mode="nearest"), w, padding=1)
+    phases = tc.fold_upsample_weight(w).double()  # fp32 sums of fp64 weights: compare at fp32 precision
+    got = torch.empty_like(want)
+    xp = F.pad(x, (1, 1, 1, 1))  # low-res zero padding = upsampled zero padding
+    for py in range(2):
+        for px in range(2):
+            # tap (ty, tx) reads x[i + py - 1 + ty, j + px - 1 + tx]: a 2x2 conv over xp offset by (py, px)
+            sub = xp[:, :, py: py + H + 1, px: px + W + 1]
+            got[:, :, py::2, px::2] = F.conv2d(sub, phases[py * 2 + px])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("c_in,upsample,block_k", [(3, 1, 0), (4, 2, 0), (64, 1, 0), (64, 1, 32), (24, 2, 0), (130, 1, 0)])
+def test_pack_weight_layout(c_in, upsample, block_k):
+    c_out = 40
+    w = torch.randn(c_out, c_in, 3, 3).half()
+    plan = tc._plan(c_in, c_out, upsample, block_k)
+    wp = tc.pack_weight(w, upsample, plan)
+    assert wp.shape == (plan.phases, plan.k_rows, plan.n_pad) and wp.dtype == torch.float16
+    full = tc.fold_upsample_weight(w) if upsample == 2 else w.float().unsqueeze(0)
+    ks = plan.ks
+    for p in range(plan.phases):
+        for ky in range(ks):
+            for kx in range(ks):
+                tap = ky * ks + kx
+                row0 = tap * (c_in if plan.flat else plan.cin_pad)
+                block = wp[p, row0: row0 + c_in, :c_out].float()
+                torch.testing.assert_close(block, full[p, :, :, ky, kx].t().half().float(), rtol=0, atol=0)
+    assert wp[:, :, c_out:].abs().sum() == 0  # padded columns are zero
+    if plan.flat:
+        assert wp[:, ks * ks * c_in:].abs().sum() == 0  # padded K rows are zero
+    else:
+        assert wp.view(plan.phases, ks * ks, plan.cin_pad, plan.n_pad)[:, :, c_in:].abs().sum() == 0
+
+
+def test_pack_cache_sees_in_place_updates():
+    w = torch.randn(8, 16, 3, 3).half()
+    plan = tc._plan(16, 8, 1)
+    calls = []
+
+    def build():
+        calls.append(1)
+        return tc.pack_weight(w, 1, plan)
+
+    a = tc._packs.get(w, ("t", plan), build)
+    assert tc._packs.get(w, ("t", plan), build) is a and len(calls) == 1
+    with torch.no_grad():
+        w.mul_(2)  # bumps the version counter
+    c = tc._packs.get(w, ("t", plan), build)
+    assert len(calls) == 2 and torch.equal(c.float(), 2 * a.float())
+
+
+def test_default_config_is_deterministic():
+    big = tc.default_config(64, 64, 1, 1, 64 * 256 * 256)
+    assert big == tc.default_config(64, 64, 1, 1, 64 * 256 * 256) and big.block_m == 128
+    assert tc.default_config(64, 64, 1, 1, 2 * 32 * 32).block_m == 64  # too few tiles for 128
+
+
+def test_dispatch_helpers():
+    """Spec-level helpers for a dispatch.Candidate (the lead wires them into dispatch.CANDIDATES)."""
+    from taesd_fast.dispatch import Spec
+
+    spec = Spec("conv2d", "cpu", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True, "channels_last")
+    assert tc.spec_unsupported_reason(spec) == "CPU tensor"
+    assert not tc.spec_ready(spec)
+    x, w, b, r = _make(1, 16, 8, 5, 6, seed=2)
+    torch.testing.assert_close(tc.run_conv2d(x, w, b, 1, r, True), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
+
+
+def test_opcheck_cpu():
+    x, w, b, r = _make(2, 16, 8, 5, 6, seed=1)
+    torch.library.opcheck(torch.ops.taesd_fast.conv3x3_tc.default, (x, w, b, r, 1, True, 1, False))
+    torch.library.opcheck(torch.ops.taesd_fast.conv3x3_tc.default, (x, w, None, None, 1, False, 2, True))
+
+
+# --------------------------------------------------------------------------- the kernel, under the interpreter
+
+# (B, C_in, C_out, H, W, stride, upsample, bias, residual, relu, pre_clamp, config or None, layout)
+CASES = {
+    "64to64_s1_full": (1, 64, 64, 7, 9, 1, 1, True, True, True, False, None, "cl"),
+    "3to64_flat": (2, 3, 64, 7, 9, 1, 1, True, False, True, False, None, "cl"),
+    "4to64_preclamp": (1, 4, 64, 7, 9, 1, 1, True, False, True, True, None, "cl"),
+    "16to64_preclamp": (1, 16, 64, 5, 7, 1, 1, True, False, True, True, None, "cl"),
+    "64to3_last": (2, 64, 3, 7, 9, 1, 1, True, False, False, False, None, "cl"),
+    "64to64_s2_nobias": (1, 64, 64, 9, 7, 2, 1, False, False, False, False, None, "cl"),
+    "3to16_flat_s2": (2, 3, 16, 9, 9, 2, 1, True, True, True, False, None, "cl"),
+    "64to64_up2": (1, 64, 64, 5, 7, 1, 2, False, False, False, False, None, "cl"),
+    "16to4_up2_full": (2, 16, 4, 4, 5, 1, 2, True, True, True, False, None, "cl"),
+    "4to16_up2_flat_preclamp": (1, 4, 16, 3, 5, 1, 2, True, False, False, True, None, "cl"),
+    "64to16_1x1_image": (1, 64, 16, 1, 1, 1, 1, False, True, False, False, None, "cl"),
+    "32to64_res_relu": (2, 32, 64, 6, 11, 1, 1, False, True, True, False, None, "cl"),
+    "24to40_masks": (1, 24, 40, 5, 6, 1, 1, True, True, True, False, None, "cl"),
+    "64to64_chunks_bm16": (1, 64, 64, 7, 9, 1, 1, True, True, True, False, (16, 4, 2, 32), "cl"),
+    "128to160_ntiles": (1, 128, 160, 5, 5, 2, 1, True, True, True, False, None, "cl"),
+    "64to64_up2_bm16": (1, 64, 64, 3, 7, 1, 2, True, True, True, True, (16, 4, 2, 16), "cl"),
+    "nchw_input": (2, 16, 16, 5, 6, 1, 1, True, True, True, False, None, "nchw"),
+}
+
+
+def _run_case(name: str) -> dict:
+    """Child side: run one case through the op (or the launcher for explicit configs), compare, report."""
+    B, cin, cout, H, W, stride, up, bias, res, relu, pre_clamp, cfg, layout = CASES[name]
+    x, w, b, r = _make(B, cin, cout, H, W, stride, up, bias, res, seed=len(name) * 7919 + cin)
+    if layout == "nchw":
+        x, r = x.contiguous(), None if r is None else r.contiguous()
+    args = (x, w, b, r, stride, relu, up, pre_clamp)
+    if cfg is None:
+        y = torch.ops.taesd_fast.conv3x3_tc(*args)
+    else:
+        y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(*cfg))
+    ref = _reference64(*args)
+    out = {"name": name, "nan": bool(y.isnan().any()), "cl": y.is_contiguous(memory_format=CL),
+           "shape_ok": tuple(y.shape) == tuple(ref.shape), "err": _rel(y, ref),
+           "torch_err": _rel(_torch_f16(*args), ref)}
+    if layout == "nchw":  # converted on the way in: the same bits as the channels_last input
+        cl_args = (x.contiguous(memory_format=CL), w, b, None if r is None else r.contiguous(memory_format=CL),
+                   *args[4:])
+        out["same_as_cl"] = bool(torch.equal(torch.ops.taesd_fast.conv3x3_tc(*cl_args), y))
+    return out
+
+
+def _child_main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    tc.POISON_OUTPUT = True
+    for name in CASES:
+        try:
+            print(json.dumps(_run_case(name)), flush=True)
+        except Exception as e:  # report, so the parent names the failing case
+            print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+    print(json.dumps({"name": "__launched__", "count": len(tc._launched)}), flush=True)
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"triton not installed ({type(e).__name__}: {e}): the interpreter checks need it")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, __file__, "--interpret-cases"], check=False, env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=180)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            results[d["name"]] = d
+    if proc.returncode != 0 or "__launched__" not in results:
+        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
+    return results
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_interpreted(interpreted, name):
+    d = interpreted[name]
+    assert "error" not in d, d.get("error")
+    assert d["shape_ok"] and d["cl"], d
+    assert not d["nan"], "unwritten (NaN-poisoned) output elements"
+    assert d["err"] <= 2 * d["torch_err"] + 1e-7, f"rel err {d['err']:.3g} > 2 x PyTorch f16 error {d['torch_err']:.3g}"
+    if "same_as_cl" in d:
+        assert d["same_as_cl"]
+
+
+def test_interpreter_really_ran_the_kernel(interpreted):
+    n_cfg = sum(1 for c in CASES.values() if c[11] is None)
+    assert interpreted["__launched__"]["count"] >= n_cfg // 2  # distinct compile keys launched through Triton
+
+
+if __name__ == "__main__" and "--interpret-cases" in sys.argv:
+    _child_main()
