@@ -158,6 +158,19 @@ def _tc_candidate() -> Candidate:
                      True, lambda s: tc().spec_ready(s), ("channels_last",), nvrtc=False)
 
 
+def _fused_head_candidate() -> Candidate:
+    """The fused Triton head (kernels/head_fused.py: norm + SiLU + temporal GEMM, then our NVRTC stencil),
+    imported on first use. Reads NCDHW features and chunk slices of them in place."""
+
+    def fh():
+        from .kernels import head_fused
+
+        return head_fused
+
+    return Candidate("triton_fused", "head_full", lambda s: fh().spec_unsupported_reason(s),
+                     lambda *a: fh().head_full_triton(*a), True, lambda s: fh().spec_ready(s), ("nchw", "strided"))
+
+
 _always = lambda s: None  # noqa: E731
 CANDIDATES: list[Candidate] = [
     Candidate("torch", "conv2d", _always, _torch_conv2d, kernel=False),
@@ -170,13 +183,14 @@ CANDIDATES: list[Candidate] = [
               _split_head.spec_ready, ("nchw", "channels_last")),
     # head_full: RMS norm + SiLU + causal window + conv + clamp in one call; returns (out, new cache).
     Candidate("torch", "head_full", _always, _torch_head_full, kernel=False),
+    _fused_head_candidate(),
     Candidate("split_bf16", "head_full", lambda s: _split_head.spec_unsupported_reason(_head_full_window_spec(s)),
               _split_head_full, True, lambda s: _split_head.spec_ready(_head_full_window_spec(s)),
               ("nchw", "channels_last")),
 ]
 # Forced-kernel mode with no timings: the order measured best on H200 (tensor-core conv, then the SIMT convs),
 # then the head kernels.
-_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "split_bf16")
+_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "triton_fused", "split_bf16")
 
 
 _RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}

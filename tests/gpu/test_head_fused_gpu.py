@@ -1,0 +1,243 @@
+"""GPU checks of the fused Triton head (taesd_fast::fused_head): against OutputHead, chunked against one-shot,
+poisoned outputs, CUDA-graph capture, opcheck.
+
+Tolerance: ||out - ref|| / ||ref|| against an fp32 OutputHead (TF32 off) at most 2x the error of OutputHead's own
+bf16 path (backend "torch"). The returned cache may differ from OutputHead's where the fp32 norm lands on a
+bf16 rounding boundary (the kernel sums the squares in another order): that last-bit flip of the normed value
+moves SiLU's output by at most 2 of its own bf16 steps; allowed in at most 0.1% of the elements.
+"""
+
+import pytest
+import torch
+
+from taesd_fast import OutputHead, backend
+from taesd_fast.kernels import head_fused as hf
+
+
+def _unavailable() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability() < (8, 0):
+        return "bf16 tl.dot needs sm_80+"
+    return hf.triton_unavailable_reason()
+
+
+pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=f"fused head unavailable: {_unavailable()}")
+
+EPS = 1e-12
+# A few configs of each variant (the bench sweeps more); the first is the default.
+CONFIGS = [
+    dict(hf.DEFAULT_CONFIG),
+    {"variant": "roll", "block_m": 32, "block_k": 32, "num_warps": 4, "num_stages": 3},
+    {"variant": "per_t", "block_m": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    {"variant": "per_t", "block_m": 128, "block_k": 32, "num_warps": 8, "num_stages": 2},
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32_and_poison(monkeypatch):
+    # cuDNN runs fp32 convs in TF32 by default, which would make the fp32 reference a ~1e-3 reference.
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    monkeypatch.setattr(hf, "POISON", True)  # NaN-fill g and the new cache: unwritten elements show
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def _head(c: int = 256, seed: int = 0) -> OutputHead:
+    gen = torch.Generator().manual_seed(seed)
+    head = OutputHead(c, 12, patch_size=None)
+    with torch.no_grad():
+        head.norm_out.gamma.copy_(1 + 0.2 * torch.randn(c, 1, 1, 1, generator=gen))
+        head.conv_out.weight.copy_(torch.randn(12, c, 3, 3, 3, generator=gen) * (1.0 / (27 * c) ** 0.5))
+        head.conv_out.bias.copy_(0.1 * torch.randn(12, generator=gen))
+    return head.cuda().eval()
+
+
+def _inputs(b, c, t, h, w, seed, with_cache=True):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    features = (3 * torch.randn(b, c, t, h, w, device="cuda", generator=gen)).bfloat16()
+    cache = None
+    if with_cache:
+        cache = torch.nn.functional.silu(torch.randn(b, c, 2, h, w, device="cuda", generator=gen)).bfloat16()
+    return features, cache
+
+
+def _params(head: OutputHead):
+    """(gamma, weight, bias) as plain bf16 tensors (detached: the op has no backward)."""
+    return tuple(p.detach().bfloat16() for p in (head.norm_out.gamma, head.conv_out.weight, head.conv_out.bias))
+
+
+def _rel(out, ref) -> float:
+    assert torch.isfinite(out).all(), "non-finite output (an element left unwritten?)"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _references(head: OutputHead, features, cache):
+    """(fp32 OutputHead output, OutputHead bf16 output, its returned cache), both through the torch backend."""
+    head16 = _head(head.in_channels).bfloat16()
+    head16.load_state_dict({k: v.bfloat16() for k, v in head.state_dict().items()})
+    with torch.no_grad(), backend("torch"):
+        ref, _ = head(features.float(), None if cache is None else cache.float())
+        out16, cache16 = head16(features, cache)
+    return ref, out16, cache16
+
+
+def _assert_cache_close(got, want):
+    assert torch.isfinite(got).all(), "new cache has NaN: an element was left unwritten"
+    diff = (got.float() - want.float()).abs()
+    step = want.float().abs().clamp_min(2.0**-126) * 2.0**-7
+    frac = (diff > 0).float().mean().item()
+    assert frac <= 1e-3 and (diff / step).max().item() <= 2.0, f"{frac:.2e} of the cache differs, up to {diff.max()}"
+
+
+# Odd sizes (not multiples of any block), T=1 (the new cache keeps an old frame), a 1x1 image. Every distinct
+# shape/config is one Triton compile (seconds), so the other configs run on two shapes only.
+SHAPES = [(1, 1, 37, 53), (1, 4, 37, 53), (2, 3, 17, 29), (1, 5, 9, 70), (2, 2, 1, 1)]
+CASES = ([(0, *shape) for shape in SHAPES]
+         + [(cfg, *shape) for cfg in range(1, len(CONFIGS)) for shape in [(1, 4, 37, 53), (2, 1, 17, 29)]])
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+@pytest.mark.parametrize("cfg,b,t,h,w", CASES)
+def test_matches_output_head(cfg, b, t, h, w, with_cache):
+    head = _head(seed=t)
+    features, cache = _inputs(b, 256, t, h, w, seed=10 * t + h, with_cache=with_cache)
+    ref, out16, cache16 = _references(head, features, cache)
+    out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert _rel(out, ref) <= 2 * _rel(out16, ref), f"fused {_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
+    _assert_cache_close(new_cache, cache16)
+
+
+@pytest.mark.parametrize("cfg", [0, 2])
+def test_chunked_equals_one_shot(cfg):
+    head = _head(seed=3)
+    features, _ = _inputs(1, 256, 4, 37, 53, seed=3, with_cache=False)
+    args = (*_params(head), EPS, 256**0.5, CONFIGS[cfg])
+    one, one_cache = hf.fused_head_with(features, None, *args)
+    a, cache = hf.fused_head_with(features[:, :, :2], None, *args)  # a strided slice: read in place
+    b, cache = hf.fused_head_with(features[:, :, 2:], cache, *args)
+    chunked = torch.cat([a, b], dim=2)
+    assert torch.isfinite(chunked).all()
+    # Same operands in the same order; allow a last-bit difference anyway (one bf16 step of values <= 1).
+    assert (chunked.float() - one.float()).abs().max().item() <= 2**-7
+    assert torch.equal(cache, one_cache)
+    ref, out16, _ = _references(head, features, None)
+    assert _rel(chunked, ref) <= 2 * _rel(out16, ref)
+
+
+def test_chunk_of_one_then_four_like_the_decoder():
+    """1 frame, then 4, then 4 (the Wan decode pattern), against OutputHead run the same way."""
+    head = _head(seed=4)
+    head16 = _head(seed=4).bfloat16()
+    features, _ = _inputs(1, 256, 9, 20, 36, seed=4, with_cache=False)
+    cache, cache16, outs, outs16 = None, None, [], []
+    for lo, hi in ((0, 1), (1, 5), (5, 9)):
+        out, cache = hf.fused_head(features[:, :, lo:hi], cache, *_params(head), EPS, 256**0.5)
+        with torch.no_grad(), backend("torch"):
+            o16, cache16 = head16(features[:, :, lo:hi], cache16)
+        outs.append(out)
+        outs16.append(o16)
+        _assert_cache_close(cache, cache16)
+    with torch.no_grad(), backend("torch"):
+        ref, _ = head(features.float())
+    assert _rel(torch.cat(outs, 2), ref) <= 2 * _rel(torch.cat(outs16, 2), ref)
+
+
+def test_channels_last_input_and_view_cache():
+    """A channels_last_3d input is copied to NCDHW first; a cache that is a view (OutputHead returns
+    window[:, :, -2:]) is read through its strides."""
+    head = _head(seed=5)
+    features, _ = _inputs(1, 256, 3, 11, 13, seed=5, with_cache=False)
+    window = torch.nn.functional.silu(torch.randn(1, 256, 5, 11, 13, device="cuda")).bfloat16()
+    cache_view = window[:, :, -2:]
+    want = hf.fused_head(features, cache_view.contiguous(), *_params(head), EPS, 256**0.5)
+    got = hf.fused_head(features.contiguous(memory_format=torch.channels_last_3d), cache_view, *_params(head), EPS,
+                        256**0.5)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_head_full_triton_signature():
+    head = _head(seed=6)
+    features, cache = _inputs(1, 256, 2, 8, 12, seed=6)
+    out, new_cache = hf.head_full_triton(features, cache, *_params(head), EPS)
+    want = hf.fused_head(features, cache, *_params(head), EPS, 256**0.5)
+    assert torch.equal(out, want[0]) and torch.equal(new_cache, want[1])
+
+
+def test_refuses_fp32_and_bad_shapes():
+    head = _head(seed=7)
+    features, cache = _inputs(1, 256, 2, 8, 12, seed=7)
+    with pytest.raises(ValueError, match="needs torch.bfloat16 features, got torch.float32"):
+        hf.fused_head(features.float(), cache.float(), *(p.float() for p in _params(head)), EPS, 16.0)
+    with pytest.raises(ValueError, match=r"cache must be the \[B, C, 2, H, W\]"):
+        hf.fused_head(features, cache[:, :, :1], *_params(head), EPS, 16.0)
+    with pytest.raises(ValueError, match="is on cpu"):
+        hf.fused_head(features, cache, *_params(head)[:2], _params(head)[2].cpu(), EPS, 16.0)
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_cuda_graph_capture_and_replay(with_cache):
+    head = _head(seed=8)
+    params = _params(head)
+    features, cache = _inputs(1, 256, 4, 24, 40, seed=8, with_cache=with_cache)
+    static_f = features.clone()
+    static_c = None if cache is None else cache.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up: Triton compile, stencil module load, weight packing
+        for _ in range(2):
+            hf.fused_head(static_f, static_c, *params, EPS, 256**0.5)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_cache = hf.fused_head(static_f, static_c, *params, EPS, 256**0.5)
+    for seed in (9, 10):
+        new_f, new_c = _inputs(1, 256, 4, 24, 40, seed=seed, with_cache=with_cache)
+        static_f.copy_(new_f)
+        if static_c is not None:
+            static_c.copy_(new_c)
+        static_out.fill_(float("nan"))
+        static_cache.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_out, want_cache = hf.fused_head(new_f, new_c, *params, EPS, 256**0.5)
+        assert torch.equal(static_out, want_out) and torch.equal(static_cache, want_cache)
+
+
+def test_spec_ready_after_a_launch():
+    from taesd_fast import _backend, dispatch
+
+    if _backend.kernels_unavailable_reason() is not None:
+        pytest.skip(f"stencil kernel unavailable: {_backend.kernels_unavailable_reason()}")
+    head = _head(seed=11)
+    features, cache = _inputs(1, 256, 3, 13, 17, seed=11)
+    spec = dispatch.Spec("head_full", "cuda:0", tuple(features.shape), (12, 256, 3, 3, 3), torch.bfloat16, 1, True,
+                         True, False, "nchw")
+    assert hf.spec_unsupported_reason(spec) is None
+    hf.fused_head(features, cache, *_params(head), EPS, 256**0.5)
+    assert hf.spec_ready(spec)
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_opcheck(with_cache):
+    head = _head(seed=12)
+    features, cache = _inputs(1, 256, 2, 9, 11, seed=12, with_cache=with_cache)
+    torch.library.opcheck(hf.fused_head, (features, cache, *_params(head), EPS, 256**0.5))
+
+
+def test_torch_compile_fullgraph():
+    head = _head(seed=13)
+    params = _params(head)
+    features, cache = _inputs(1, 256, 2, 12, 20, seed=13)
+
+    @torch.compile(fullgraph=True)
+    def f(x, c):
+        out, new_cache = hf.fused_head(x, c, *params, EPS, 256**0.5)
+        return out.float() * 2, new_cache
+
+    got, got_cache = f(features, cache)
+    want, want_cache = hf.fused_head(features, cache, *params, EPS, 256**0.5)
+    assert torch.equal(got, want.float() * 2) and torch.equal(got_cache, want_cache)
