@@ -8,5 +8,5 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee $OUT/env.txt
 timeout ${TEST_S:-240} python3 -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee $OUT/pytest_gpu.log | tail -25
 echo "pytest rc=$?"
-timeout 90 python3 -m taesd_fast.bench --sections head,conv --out $OUT/bench_head_conv.txt 2>&1 | tail -60
+timeout ${HEAD_S:-150} python3 -m taesd_fast.bench --sections ${SECTIONS:-head,conv} --out $OUT/bench_head_conv.txt 2>&1 | tail -60
 timeout ${TAESD_S:-300} python3 -m taesd_fast.bench --sections taesd --out $OUT/bench_taesd.txt 2>&1 | tee $OUT/bench_taesd.log | tail -40

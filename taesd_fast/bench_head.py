@@ -55,6 +55,13 @@ def _full_head_rows(rows, feat, cache, gamma, w, b) -> None:
             rows.append(("(i) fused Triton head (norm+SiLU+GEMM, stencil), graph",
                          time_ms_graphed(lambda: head_fused.fused_head(feat, cache, gamma, w, b, eps, scale)),
                          "input read once: 692 MB = 0.163 ms at 4.24 TB/s"))
+            from .kernels import head_act
+
+            rows.append(("(i) Triton norm+SiLU window, then split conv, graph",
+                         time_ms_graphed(lambda: head_act.head_full_norm_split(feat, cache, gamma, w, b, eps)), ""))
+            rows.append(("(i) part: Triton norm+SiLU window alone, graph",
+                         time_ms_graphed(lambda: head_act.activated_window(feat, cache, gamma, eps)),
+                         "461 MB in + 461 MB out + 231 MB cache copied"))
 
 
 def _choice(head) -> str:

@@ -171,6 +171,22 @@ def _fused_head_candidate() -> Candidate:
                      lambda *a: fh().head_full_triton(*a), True, lambda s: fh().spec_ready(s), ("nchw", "strided"))
 
 
+def _norm_split_candidate() -> Candidate:
+    """Triton norm + SiLU into the causal window (kernels/head_act.py), then split_head_conv."""
+
+    def ha():
+        from .kernels import head_act
+
+        return head_act
+
+    def supports(s: Spec) -> str | None:
+        return (ha().unsupported_reason(s.x_shape, s.dtype, s.device.split(":")[0])
+                or _split_head.spec_unsupported_reason(_head_full_window_spec(s)))
+
+    return Candidate("triton_norm_split", "head_full", supports, lambda *a: ha().head_full_norm_split(*a), True,
+                     lambda s: _split_head.spec_ready(_head_full_window_spec(s)), ("nchw", "strided"))
+
+
 _always = lambda s: None  # noqa: E731
 CANDIDATES: list[Candidate] = [
     Candidate("torch", "conv2d", _always, _torch_conv2d, kernel=False),
@@ -184,6 +200,7 @@ CANDIDATES: list[Candidate] = [
     # head_full: RMS norm + SiLU + causal window + conv + clamp in one call; returns (out, new cache).
     Candidate("torch", "head_full", _always, _torch_head_full, kernel=False),
     _fused_head_candidate(),
+    _norm_split_candidate(),
     Candidate("split_bf16", "head_full", lambda s: _split_head.spec_unsupported_reason(_head_full_window_spec(s)),
               _split_head_full, True, lambda s: _split_head.spec_ready(_head_full_window_spec(s)),
               ("nchw", "channels_last")),

@@ -1,0 +1,91 @@
+"""Triton RMS norm + SiLU for the Wan head, written straight into the conv's causal window.
+
+    window[:, :, :2] = cache (or zeros);  window[:, :, 2:] = bf16(silu(bf16(rms_norm_fp32(features))))
+
+The window is NCDHW and contiguous, which is what split_head_conv's cuBLAS form reads in place, so the whole
+head is this kernel + conv_n128 + head_stencil. Eager PyTorch spends ~4 ms on the norm, SiLU and cat at the
+Wan chunk size; this kernel moves 461 MB in and 461 MB out (~0.22 ms at 4.24 TB/s), and the cache copy 231 MB
+each way (~0.11 ms). Predicted before measuring: ~0.35 ms + the split conv's 0.61 ms = ~0.95 ms.
+
+One program: BLOCK_P pixels of one frame, all C channels in BK-channel chunks, read twice (sum of squares,
+then activate); the second read mostly hits L2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+from . import head as _split
+from .head_fused import _TRITON_REASON, triton, tl
+
+if triton is not None:
+    from .head_fused import _INTERPRETED, _bf16
+
+    @triton.jit
+    def _rms_silu_kernel(x_ptr, gs_ptr, y_ptr, HW, sxb, sxc, sxt, syb, syc, syt, eps,
+                         C: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr, INTERP: tl.constexpr):
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        t = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
+        pm = p < HW
+        ck = tl.arange(0, BK)
+        x_fr = x_ptr + b * sxb + t * sxt + ck[:, None] * sxc + p[None, :]  # [BK, BLOCK_P], pixels contiguous
+        y_fr = y_ptr + b * syb + t * syt + ck[:, None] * syc + p[None, :]
+        ss = tl.zeros([BLOCK_P], dtype=tl.float32)
+        for kc in range(0, C, BK):
+            x = tl.load(x_fr + kc * sxc, mask=pm[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, axis=0)
+        inv = tl.div_rn(1.0, tl.maximum(tl.sqrt_rn(ss), eps))  # F.normalize's 1 / max(||x||, eps)
+        for kc in range(0, C, BK):
+            x = tl.load(x_fr + kc * sxc, mask=pm[None, :], other=0.0).to(tl.float32)
+            gs = tl.load(gs_ptr + kc + ck)  # sqrt(C) * gamma, fp32
+            v = _bf16(x * inv[None, :] * gs[:, None], INTERP).to(tl.float32)  # the norm's rounding
+            tl.store(y_fr + kc * syc, _bf16(v / (1.0 + tl.exp(-v)), INTERP), mask=pm[None, :])  # F.silu's
+
+
+def unsupported_reason(x_shape, dtype, device_type: str) -> str | None:
+    if _TRITON_REASON is not None:
+        return _TRITON_REASON
+    if device_type != "cuda":
+        return "needs a CUDA tensor"
+    if dtype != torch.bfloat16:
+        return f"dtype {dtype} (expected torch.bfloat16)"
+    c = x_shape[1]
+    if len(x_shape) != 5 or c < 16 or c & (c - 1):
+        return f"features {tuple(x_shape)}: expected [B, C, T, H, W] with C a power of two >= 16"
+    if max(x_shape[0], x_shape[2]) > 65535:
+        return "B or T > 65535"
+    return None
+
+
+def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps: float,
+                     block_p: int = 128, bk: int = 32, num_warps: int = 4) -> Tensor:
+    """[cache | silu(rms_norm(features))] as one contiguous NCDHW bf16 tensor [B, C, T+2, H, W]."""
+    b, c, t, h, w = features.shape
+    if features.stride(4) != 1 or features.stride(3) != w:  # pixels of a frame must be one contiguous run
+        features = features.contiguous()
+    window = features.new_empty((b, c, t + 2, h, w))
+    if cache is None:
+        window[:, :, :2].zero_()  # the first chunk's causal zero padding
+    else:
+        window[:, :, :2].copy_(cache)
+    gs = (gamma.detach().float().reshape(-1) * c**0.5).contiguous()
+    y = window[:, :, 2:]
+    grid = (triton.cdiv(h * w, block_p), t, b)
+    with torch.cuda.device(features.device) if features.is_cuda else contextlib.nullcontext():
+        _rms_silu_kernel[grid](
+            features, gs, y, h * w, features.stride(0), features.stride(1), features.stride(2),
+            y.stride(0), y.stride(1), y.stride(2), eps,
+            C=c, BK=min(bk, c), BLOCK_P=block_p, INTERP=_INTERPRETED, num_warps=num_warps)
+    return window
+
+
+def head_full_norm_split(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
+                         eps: float) -> tuple[Tensor, Tensor]:
+    """dispatch.head_full's signature: this kernel's window, then split_head_conv (cuBLAS GEMM + our stencil)."""
+    window = activated_window(x, cache, gamma, eps)
+    return _split.split_head_conv(window, weight, bias), window[:, :, -2:]
+
