@@ -424,6 +424,8 @@ def _eligible(spec: Spec) -> tuple[list[Candidate], dict]:
             if kernel_reason is None:
                 kernel_reason = _kernel_reason(spec.device) or ""
             why = kernel_reason or None
+        elif why is None and c.kernel and _backend._disabled():  # the switch covers the Triton kernels too
+            why = "disabled by TAESD_FAST_DISABLE_KERNELS"
         if why is None:
             out.append(c)
         else:
