@@ -1,0 +1,37 @@
+"""Launch the Triton kernels (tensor-core conv, fused head, norm+SiLU window) on small odd shapes with every
+optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error vs each PyTorch twin."""
+import torch
+
+from taesd_fast.kernels import conv_tc, head_act, head_fused
+from taesd_fast.kernels import head as hk
+
+g = torch.Generator(device="cuda").manual_seed(0)
+rnd = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+for cin, cout, H, W, stride, up, clamp in [(64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False),
+                                            (64, 64, 9, 11, 1, 2, False), (3, 64, 17, 9, 1, 1, False),
+                                            (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False)]:
+    for optional in (True, False):
+        x = rnd(2, cin, H, W).half().contiguous(memory_format=torch.channels_last)
+        w = (rnd(cout, cin, 3, 3) / (9 * cin) ** 0.5).half()
+        b = rnd(cout).half() if optional else None
+        shape = conv_tc.output_shape(x.shape, w.shape, stride, up)
+        r = rnd(*shape).half().contiguous(memory_format=torch.channels_last) if optional else None
+        y = conv_tc.conv3x3_tc_launch(x, w, b, r, stride, optional, up, clamp)
+        torch.cuda.synchronize()
+        ref = conv_tc.conv3x3_tc_ref(x, w, b, r, stride, optional, up, clamp)
+        print(f"tc {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: rel err {rel(y, ref):.2e}")
+for t, with_cache in ((1, False), (3, True)):
+    c, h, w_ = 256, 13, 21
+    x = rnd(1, c, t, h, w_).bfloat16()
+    cache = torch.nn.functional.silu(rnd(1, c, 2, h, w_)).bfloat16() if with_cache else None
+    gamma = (1 + 0.1 * rnd(c, 1, 1, 1)).bfloat16()
+    wt = (rnd(12, c, 3, 3, 3) * (0.6 / (27 * c) ** 0.5)).bfloat16()
+    bias = (0.1 * rnd(12)).bfloat16()
+    ref = hk.causal_window(hk.activate(x, gamma, 1e-12), cache)
+    win = head_act.activated_window(x, cache, gamma, 1e-12)
+    out, _ = head_fused.fused_head(x, cache, gamma, wt, bias, 1e-12, c**0.5)
+    torch.cuda.synchronize()
+    conv_ref = torch.nn.functional.conv3d(ref.float(), wt.float(), bias.float(), padding=(0, 1, 1)).clamp(-1, 1)
+    print(f"head T={t} cache={with_cache}: window rel err {rel(win, ref):.2e}, fused head rel err {rel(out, conv_ref):.2e}")
+print("sanitize script done")
