@@ -53,6 +53,17 @@ def test_refuses_what_it_cannot_run():
         assert "power of two" in reason
 
 
+def test_op_cpu_twin_and_opcheck():
+    torch.manual_seed(2)
+    x = torch.randn(1, 32, 2, 3, 5).bfloat16()
+    gamma = (1 + 0.1 * torch.randn(32, 1, 1, 1)).bfloat16()
+    cache = torch.randn(1, 32, 2, 3, 5).bfloat16()
+    got = head_act.activated_window_op(x, cache, gamma, 1e-12)
+    assert torch.equal(got, hk.causal_window(hk.activate(x, gamma, 1e-12), cache))
+    for c in (cache, None):
+        torch.library.opcheck(torch.ops.taesd_fast.activated_window.default, (x, c, gamma, 1e-12))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or head_act.unsupported_reason(
     (1, 256, 1, 8, 8), torch.bfloat16, "cuda") is not None, reason="needs CUDA and triton")
 @pytest.mark.parametrize("with_cache", [True, False])
@@ -73,3 +84,23 @@ def test_gpu_window_and_head(with_cache):
     err = lambda o: ((o.double() - ref).norm() / ref.norm()).item()  # noqa: E731
     assert torch.isfinite(out).all() and err(out) <= 2 * err(torch_bf16)
     assert torch.equal(new_cache, got[:, :, -2:])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or head_act.unsupported_reason(
+    (1, 256, 1, 8, 8), torch.bfloat16, "cuda") is not None, reason="needs CUDA and triton")
+def test_gpu_opcheck_compile_and_graph_capture():
+    torch.manual_seed(4)
+    x = torch.randn(1, 64, 2, 9, 11, device="cuda").bfloat16()
+    gamma = (1 + 0.1 * torch.randn(64, 1, 1, 1, device="cuda")).bfloat16()
+    cache = torch.randn(1, 64, 2, 9, 11, device="cuda").bfloat16()
+    torch.library.opcheck(torch.ops.taesd_fast.activated_window.default, (x, cache, gamma, 1e-12))
+    eager = head_act.activated_window_op(x, cache, gamma, 1e-12)
+    compiled = torch.compile(lambda a, c: head_act.activated_window_op(a, c, gamma, 1e-12), fullgraph=True)
+    assert torch.equal(compiled(x, cache), eager)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = head_act.activated_window_op(x, cache, gamma, 1e-12)
+    x.copy_(torch.randn_like(x))  # fresh input: the replay must recompute, not replay stale values
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, head_act.activated_window(x, cache, gamma, 1e-12))

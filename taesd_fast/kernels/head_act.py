@@ -84,9 +84,24 @@ def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps:
     return window
 
 
+@torch.library.custom_op("taesd_fast::activated_window", mutates_args=())
+def activated_window_op(features: Tensor, cache: Tensor | None, gamma: Tensor, eps: float) -> Tensor:
+    """The op form (torch.compile, opcheck): the Triton kernel on CUDA (or under TRITON_INTERPRET=1), else its
+    PyTorch twin, kernels.head.causal_window(kernels.head.activate(...)), materialised contiguous."""
+    if features.is_cuda or (triton is not None and _INTERPRETED):
+        return activated_window(features, cache, gamma, eps)
+    return _split.causal_window(_split.activate(features, gamma, eps), cache).contiguous()
+
+
+@activated_window_op.register_fake
+def _(features, cache, gamma, eps):
+    b, c, t, h, w = features.shape
+    return features.new_empty((b, c, t + 2, h, w))
+
+
 def head_full_norm_split(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
                          eps: float) -> tuple[Tensor, Tensor]:
     """dispatch.head_full's signature: this kernel's window, then split_head_conv (cuBLAS GEMM + our stencil)."""
-    window = activated_window(x, cache, gamma, eps)
+    window = activated_window_op(x, cache, gamma, eps)
     return _split.split_head_conv(window, weight, bias), window[:, :, -2:]
 
