@@ -94,7 +94,6 @@ def test_g_rows_are_clipped_at_the_image_border():
     # g never carries rows outside the image: they are the conv's zero padding, not data.
     x, wt, bias = _case(t=1, h=6, w=4, seed=5)
     g = hk.conv_n128_ref(x, hk.pack_weight(wt))
-    ref = hk.head_stencil_ref(g, bias, 1, 0, 6, 6, 0)
     g_pad = torch.cat([torch.full_like(g[:, :, :1], float("nan")), g], dim=2)  # an extra row above row 0 ...
     with pytest.raises(ValueError):  # ... is the wrong height for this band: g holds rows clipped to the image
         hk.head_stencil(g_pad, bias, 1, 0, 6, 6, 1)

@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .derived import derived
 
 try:  # Triton is optional: without it the module still imports and the op runs its PyTorch twin on CPU.
     import triton
@@ -249,39 +250,6 @@ def pack_weight(w: Tensor, upsample: int, plan: _Plan) -> Tensor:
     return wt.to(torch.float16).contiguous()  # fp32 sums (the fold) rounded to f16 once
 
 
-class _PackCache:
-    """Packed weights kept on the weight tensor (weak key, so entries die with the weight), rebuilt when the weight's
-    version counter changes (in-place update). Inference tensors have no version counter: rebuilt every call. During
-    CUDA-graph capture a hit is used and pinned for the process lifetime (the graph reads it on every replay), and a miss
-    is built inside the capture (correct, but repacks on every replay: warm up before capturing)."""
-
-    def __init__(self):
-        from torch.utils.weak import WeakTensorKeyDictionary  # tensors compare elementwise: a plain weak dict breaks
-
-        self._d = WeakTensorKeyDictionary()
-        self._pinned: dict[int, Tensor] = {}
-        self._lock = threading.Lock()
-
-    def get(self, w: Tensor, tag, build) -> Tensor:
-        if w.is_inference():
-            return build()
-        capturing = w.is_cuda and torch.cuda.is_current_stream_capturing()
-        with self._lock:
-            entry = self._d.get(w)
-            hit = None if entry is None else entry.get(tag)
-        if hit is not None and hit[0] == w._version:
-            if capturing:
-                with self._lock:
-                    self._pinned[id(hit[1])] = hit[1]
-            return hit[1]
-        val = build()
-        if not capturing:
-            with self._lock:
-                self._d.setdefault(w, {})[tag] = (w._version, val)
-        return val
-
-
-_packs = _PackCache()
 
 
 # --------------------------------------------------------------------------- configs
@@ -476,7 +444,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     x = _as_nhwc(x)
     residual = None if residual is None else _as_nhwc(residual)
     b = None if b is None else b.contiguous()
-    wp = _packs.get(w, (upsample, plan), lambda: pack_weight(w.detach(), upsample, plan))
+    wp = derived.get(w, ("conv_tc", upsample, plan), lambda: pack_weight(w.detach(), upsample, plan))
     if out is None:
         out = _new_out(out_shape, x)
     elif tuple(out.shape) != out_shape or not out.is_contiguous(memory_format=torch.channels_last):

@@ -20,12 +20,12 @@ clipped at the true image border, which is exactly what conv_n128 gives on the m
 from __future__ import annotations
 
 import contextlib
-import threading
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .derived import derived as _derived
 
 GC = 112  # g channels: 9 taps x 12 outputs = 108, padded so each g pixel starts 16-byte aligned
 _CL3D = torch.channels_last_3d
@@ -83,33 +83,6 @@ def toeplitz_weight(w_packed: Tensor, T: int) -> Tensor:
     return wt.reshape(c * (T + 2), T * n)
 
 
-class _Derived:
-    """Tensors derived from a source tensor (packed weights), keyed on (data_ptr, version, shape, stride,
-    dtype, device, tag). Each entry keeps its source alive, so the address cannot be reused by another
-    tensor while the entry exists; the version counter catches in-place updates. Bypassed during CUDA-graph
-    capture: a graph must not depend on tensors this cache may evict."""
-
-    def __init__(self, size: int = 16):
-        self._size, self._d, self._lock = size, {}, threading.Lock()
-
-    def get(self, src: Tensor, tag, build: Callable[[], Tensor]) -> Tensor:
-        # Inference tensors have no version counter, so an in-place update could not be seen: rebuild.
-        if src.is_inference() or (src.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return build()
-        key = (src.data_ptr(), src._version, tuple(src.shape), src.stride(), src.dtype, src.device, tag)
-        with self._lock:
-            hit = self._d.get(key)
-        if hit is not None:
-            return hit[0]
-        val = build()
-        with self._lock:
-            if len(self._d) >= self._size:
-                self._d.pop(next(iter(self._d)))
-            self._d[key] = (val, src)
-        return val
-
-
-_derived = _Derived()
 
 
 # --------------------------------------------------------------------------- layouts

@@ -58,7 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import head as _split  # GC, pack_weight, head_stencil(_ref), the derived-tensor cache
+from . import head as _split
+from .derived import derived  # GC, pack_weight, head_stencil(_ref), the derived-tensor cache
 
 try:  # Triton is optional: the module (op registration, twin, checks) must import without it.
     import triton
@@ -116,7 +117,7 @@ def pack_weight_taps(weight: Tensor, n_pad: int = N_PAD) -> Tensor:
 
 def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: float):
     """(Wk, bias fp32, scale*gamma fp32), cached on the source tensors like split_head_conv's packed weights."""
-    get = _split._derived.get
+    get = derived.get
     with torch.no_grad():  # parameters require grad; the cached copies must not hold autograd graphs
         wk = get(weight, ("fused_taps",), lambda: pack_weight_taps(weight))
         b32 = get(weight if bias is None else bias, ("bias32", bias is None), lambda: _split._bias32(weight, bias))

@@ -1,0 +1,45 @@
+"""One cache for tensors derived from weights (packed layouts, fp32 bias copies), shared by every kernel module."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+class DerivedCache:
+    """Derived tensors kept per source tensor (weak key, so entries die with the source) and per tag, rebuilt when
+    the source's version counter changes (an in-place update). Inference tensors have no version counter: rebuilt
+    on every call. During CUDA-graph capture a hit is used and pinned for the process lifetime (the graph reads it
+    on every replay), and a miss is built inside the capture (correct, but rebuilt on every replay: run once before
+    capturing)."""
+
+    def __init__(self):
+        from torch.utils.weak import WeakTensorKeyDictionary  # tensors compare elementwise: a plain weak dict breaks
+
+        self._d = WeakTensorKeyDictionary()
+        self._pinned: dict[int, Tensor] = {}
+        self._lock = threading.Lock()
+
+    def get(self, src: Tensor, tag, build: Callable[[], Tensor]) -> Tensor:
+        if src.is_inference():
+            return build()
+        capturing = src.is_cuda and torch.cuda.is_current_stream_capturing()
+        with self._lock:
+            entry = self._d.get(src)
+            hit = None if entry is None else entry.get(tag)
+        if hit is not None and hit[0] == src._version:
+            if capturing:
+                with self._lock:
+                    self._pinned[id(hit[1])] = hit[1]
+            return hit[1]
+        val = build()
+        if not capturing:
+            with self._lock:
+                self._d.setdefault(src, {})[tag] = (src._version, val)
+        return val
+
+
+derived = DerivedCache()
