@@ -11,7 +11,9 @@ from torch import Tensor
 
 class DerivedCache:
     """Derived tensors kept per source tensor (weak key, so entries die with the source) and per tag, rebuilt when
-    the source's version counter changes (an in-place update). Inference tensors have no version counter: rebuilt
+    the source changes: its version counter (an in-place update) or its storage, dtype, device or strides
+    (`param.data = ...`, which is what module.half() / .to() do, keeps the Parameter object and its version, so
+    identity and version alone would hand back a stale copy). Inference tensors have no version counter: rebuilt
     on every call. During CUDA-graph capture a hit is used and pinned for the process lifetime (the graph reads it
     on every replay), and a miss is built inside the capture (correct, but rebuilt on every replay: run once before
     capturing)."""
@@ -27,10 +29,11 @@ class DerivedCache:
         if src.is_inference():
             return build()
         capturing = src.is_cuda and torch.cuda.is_current_stream_capturing()
+        stamp = (src._version, src.data_ptr(), src.dtype, src.device, tuple(src.shape), src.stride())
         with self._lock:
             entry = self._d.get(src)
             hit = None if entry is None else entry.get(tag)
-        if hit is not None and hit[0] == src._version:
+        if hit is not None and hit[0] == stamp:
             if capturing:
                 with self._lock:
                     self._pinned[id(hit[1])] = hit[1]
@@ -38,7 +41,7 @@ class DerivedCache:
         val = build()
         if not capturing:
             with self._lock:
-                self._d.setdefault(src, {})[tag] = (src._version, val)
+                self._d.setdefault(src, {})[tag] = (stamp, val)
         return val
 
 

@@ -1,0 +1,44 @@
+"""The cache of weight-derived tensors (packed layouts) must never hand back a copy of old values."""
+
+import torch
+
+from taesd_fast.kernels.derived import DerivedCache
+
+
+def _counting(build):
+    calls = []
+
+    def wrapped():
+        calls.append(1)
+        return build()
+
+    return wrapped, calls
+
+
+def test_hit_in_place_update_and_data_swap():
+    cache = DerivedCache()
+    conv = torch.nn.Conv2d(4, 4, 3)
+    w = conv.weight
+    build, calls = _counting(lambda: w.detach().float() * 2)
+    first = cache.get(w, "x2", build)
+    assert cache.get(w, "x2", build) is first and len(calls) == 1
+    with torch.no_grad():
+        w.add_(1.0)  # in place: the version counter moves
+    assert torch.equal(cache.get(w, "x2", build), (w.detach() * 2)) and len(calls) == 2
+    w.data = torch.randn_like(w)  # same Parameter, same version, new storage
+    assert torch.equal(cache.get(w, "x2", build), (w.detach() * 2)) and len(calls) == 3
+    conv.double()  # what module.half() / .to() do: .data swapped under the same Parameter
+    assert cache.get(w, "x2", build).dtype == torch.float32 and len(calls) == 4
+
+
+def test_tags_are_separate_and_inference_tensors_rebuild():
+    cache = DerivedCache()
+    w = torch.randn(3)
+    assert torch.equal(cache.get(w, "a", lambda: w + 1), w + 1)
+    assert torch.equal(cache.get(w, "b", lambda: w + 2), w + 2)
+    with torch.inference_mode():
+        v = torch.randn(3)
+    build, calls = _counting(lambda: v * 3)
+    cache.get(v, "a", build)
+    cache.get(v, "a", build)
+    assert len(calls) == 2  # no version counter to trust: rebuilt every time
