@@ -222,8 +222,9 @@ def test_lipsync_box_outside_the_frame(capsys, shared_dir, tmp_path):
 def test_info(capsys):
     code, out, _ = run(capsys, "info", "--device", "cpu")
     assert code == 0
-    for line in ("taesd_fast ", "torch ", "device: cpu", "GPU: ", "kernels: "):
+    for line in ("taesd_fast ", "torch ", "device: cpu", "GPU: ", "kernels: ", "Triton kernels "):
         assert line in out
+    assert re.search(r"^Triton kernels .*: unavailable \(.*cpu", out, re.M), out  # they run on CUDA only
 
 
 def test_info_model_prints_the_dispatch_table(capsys):
