@@ -21,6 +21,8 @@ from torch import Tensor
 from . import head as _split
 from .head_fused import _TRITON_REASON, triton, tl
 
+POISON = False  # tests set this: NaN-fill the window before the kernel, so an unwritten element shows
+
 if triton is not None:
     from .head_fused import _INTERPRETED, _bf16
 
@@ -69,6 +71,8 @@ def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps:
     if features.stride(4) != 1 or features.stride(3) != w:  # pixels of a frame must be one contiguous run
         features = features.contiguous()
     window = features.new_empty((b, c, t + 2, h, w))
+    if POISON:
+        window.fill_(float("nan"))
     if cache is None:
         window[:, :, :2].zero_()  # the first chunk's causal zero padding
     else:
