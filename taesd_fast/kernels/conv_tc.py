@@ -49,6 +49,7 @@ Predicted gain (written before any measurement on the GPU; H200, f16 dense MMA c
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 
@@ -221,6 +222,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=256)  # pure function of four ints, called on every launch
 def _plan(c_in: int, c_out: int, upsample: int, block_k: int = 0) -> _Plan:
     ks = 2 if upsample == 2 else 3
     flat = c_in < 16
