@@ -71,7 +71,7 @@ except Exception as e:  # ImportError, or a broken install raising something els
 __all__ = [
     "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc", "conv3x3_tc_ref", "conv3x3_tc_launch", "check_conv3x3_tc",
     "unsupported_reason", "triton_available", "triton_unavailable_reason", "default_config", "pack_weight",
-    "fold_upsample_weight", "output_shape", "is_ready", "spec_unsupported_reason", "spec_ready", "run_conv2d", "flops",
+    "fold_upsample_weight", "output_shape", "conv3x3_math", "is_ready", "spec_unsupported_reason", "spec_ready", "run_conv2d", "flops",
 ]
 
 MAX_CHANNELS = 256
@@ -169,21 +169,28 @@ def _new_out(shape, like: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- reference twin
 
 
-def conv3x3_tc_ref(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
-                   upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """PyTorch twin: fp32 maths (clamp, upsample, conv, + bias + residual, ReLU), one rounding to x.dtype.
-    Uses the unfolded 3x3 weight: it is the function the kernel approximates, not a copy of its rounding."""
-    out_shape = check_conv3x3_tc(x, w, b, residual, stride, upsample)
-    h = x.float()
+def conv3x3_math(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                 upsample: int = 1, pre_clamp: bool = False, dtype: torch.dtype | None = None) -> Tensor:
+    """The op's maths op by op in PyTorch (clamp, upsample, conv, + bias + residual, ReLU), computed in `dtype`
+    (default: x's). float64 gives the reference the tests measure errors against; x's own f16 gives what the model
+    runs without kernels. Uses the unfolded 3x3 weight: the function the kernel approximates."""
+    cast = lambda t: None if t is None else t.to(dtype or x.dtype)  # noqa: E731
+    h = cast(x)
     if pre_clamp:
         h = torch.tanh(h / 3) * 3
     if upsample == 2:
         h = F.interpolate(h, scale_factor=2, mode="nearest")
-    y = F.conv2d(h, w.float(), None if b is None else b.float(), stride=stride, padding=1)
+    y = F.conv2d(h, cast(w), cast(b), stride=stride, padding=1)
     if residual is not None:
-        y = y + residual.float()
-    if relu:
-        y = torch.relu(y)
+        y = y + cast(residual)
+    return torch.relu(y) if relu else y
+
+
+def conv3x3_tc_ref(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                   upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """PyTorch twin: fp32 maths, one rounding to x.dtype."""
+    out_shape = check_conv3x3_tc(x, w, b, residual, stride, upsample)
+    y = conv3x3_math(x, w, b, residual, stride, relu, upsample, pre_clamp, dtype=torch.float32)
     return _new_out(out_shape, x).copy_(y)
 
 

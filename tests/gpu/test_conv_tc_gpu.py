@@ -63,26 +63,12 @@ def _make(B, cin, cout, H, W, stride, upsample, bias, residual, gen):
     return x, w, b, r
 
 
-def _reference(x, w, b, r, stride, relu, upsample, pre_clamp):
-    h = x.double()
-    if pre_clamp:
-        h = torch.tanh(h / 3) * 3
-    if upsample == 2:
-        h = F.interpolate(h, scale_factor=2, mode="nearest")
-    y = F.conv2d(h, w.double(), None if b is None else b.double(), stride=stride, padding=1)
-    if r is not None:
-        y = y + r.double()
-    return torch.relu(y) if relu else y
+def _reference(*args):
+    return tc.conv3x3_math(*args, dtype=torch.float64)
 
 
-def _torch_f16(x, w, b, r, stride, relu, upsample, pre_clamp):
-    h = torch.tanh(x / 3) * 3 if pre_clamp else x
-    if upsample == 2:
-        h = F.interpolate(h, scale_factor=2, mode="nearest")
-    y = F.conv2d(h, w, b, stride=stride, padding=1)
-    if r is not None:
-        y = y + r
-    return torch.relu(y) if relu else y
+def _torch_f16(*args):
+    return tc.conv3x3_math(*args)  # cuDNN in f16, op by op: what the model runs without the kernel
 
 
 def _check(B, cin, cout, H, W, stride=1, upsample=1, bias=True, residual=True, relu=True, pre_clamp=False, seed=0,
