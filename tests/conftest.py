@@ -93,6 +93,30 @@ def rel_err(actual: torch.Tensor, reference: torch.Tensor) -> float:
     return ((actual - reference).abs().max() / reference.abs().max()).item()
 
 
+def random_output_head(c_in: int = 256, seed: int = 0, *, gamma_spread: float = 0.2, weight_gain: float = 1.0,
+                       patch_size: int | None = None):
+    """OutputHead with random gamma around 1, weights scaled by weight_gain / sqrt(fan-in) (so most outputs lie
+    inside the clamp) and a random bias; fp32 on the CPU."""
+    from taesd_fast import OutputHead
+
+    gen = torch.Generator().manual_seed(seed)
+    head = OutputHead(c_in, 12, patch_size=patch_size)
+    with torch.no_grad():
+        head.norm_out.gamma.copy_(1 + gamma_spread * torch.randn(c_in, 1, 1, 1, generator=gen))
+        head.conv_out.weight.copy_(torch.randn(12, c_in, 3, 3, 3, generator=gen) * (weight_gain / (27 * c_in) ** 0.5))
+        head.conv_out.bias.copy_(0.1 * torch.randn(12, generator=gen))
+    return head.eval()
+
+
+@pytest.fixture
+def no_tf32():
+    """cuDNN runs fp32 convs in TF32 by default, which would make an fp32 reference a ~1e-3 reference."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # A huggingface_hub cache laid out the way hf_hub_download leaves it:
 #   <cache>/models--<org>--<name>/refs/<revision>            -> text file holding the commit hash

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import random_output_head
 from taesd_fast import OutputHead
 from taesd_fast.kernels import head as hk
 from taesd_fast.kernels import head_fused as hf
@@ -45,14 +46,7 @@ INTERP_CASES = [
 
 
 def _head(c: int, seed: int, dtype=torch.float32) -> OutputHead:
-    """Random gamma around 1, weights scaled so most outputs lie inside the clamp, random bias."""
-    gen = torch.Generator().manual_seed(seed)
-    head = OutputHead(c, 12, patch_size=None)
-    with torch.no_grad():
-        head.norm_out.gamma.copy_(1 + 0.2 * torch.randn(c, 1, 1, 1, generator=gen))
-        head.conv_out.weight.copy_(torch.randn(12, c, 3, 3, 3, generator=gen) * (1.0 / (27 * c) ** 0.5))
-        head.conv_out.bias.copy_(0.1 * torch.randn(12, generator=gen))
-    return head.to(dtype).eval()
+    return random_output_head(c, seed).to(dtype)
 
 
 def _inputs(b, c, t, h, w, with_cache, seed):

@@ -28,7 +28,10 @@ import torch.nn.functional as F
 from taesd_fast.kernels import conv_tc as tc
 
 _REASON = "CUDA is not available" if not torch.cuda.is_available() else tc.triton_unavailable_reason("cuda")
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"Triton conv kernel unavailable: {_REASON}")
+pytestmark = [
+    pytest.mark.skipif(_REASON is not None, reason=f"Triton conv kernel unavailable: {_REASON}"),
+    pytest.mark.usefixtures("no_tf32"),  # fp32 references must not run in TF32
+]
 
 OP = torch.ops.taesd_fast.conv3x3_tc
 CL = torch.channels_last
@@ -39,13 +42,6 @@ def _poison(monkeypatch):
     monkeypatch.setattr(tc, "POISON_OUTPUT", True)
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    # fp32 references (only the large test uses one) must not run in TF32.
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = old
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:

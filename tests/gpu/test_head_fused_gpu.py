@@ -10,6 +10,7 @@ moves SiLU's output by at most 2 of its own bf16 steps; allowed in at most 0.1% 
 import pytest
 import torch
 
+from conftest import random_output_head
 from taesd_fast import OutputHead, backend
 from taesd_fast.kernels import head_fused as hf
 
@@ -35,23 +36,13 @@ CONFIGS = [
 
 
 @pytest.fixture(autouse=True)
-def _no_tf32_and_poison(monkeypatch):
-    # cuDNN runs fp32 convs in TF32 by default, which would make the fp32 reference a ~1e-3 reference.
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
+def _poison(monkeypatch, no_tf32):
     monkeypatch.setattr(hf, "POISON", True)  # NaN-fill g and the new cache: unwritten elements show
-    yield
-    torch.backends.cudnn.allow_tf32 = old
+
 
 
 def _head(c: int = 256, seed: int = 0) -> OutputHead:
-    gen = torch.Generator().manual_seed(seed)
-    head = OutputHead(c, 12, patch_size=None)
-    with torch.no_grad():
-        head.norm_out.gamma.copy_(1 + 0.2 * torch.randn(c, 1, 1, 1, generator=gen))
-        head.conv_out.weight.copy_(torch.randn(12, c, 3, 3, 3, generator=gen) * (1.0 / (27 * c) ** 0.5))
-        head.conv_out.bias.copy_(0.1 * torch.randn(12, generator=gen))
-    return head.cuda().eval()
+    return random_output_head(c, seed).cuda()
 
 
 def _inputs(b, c, t, h, w, seed, with_cache=True):

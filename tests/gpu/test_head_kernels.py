@@ -15,18 +15,14 @@ def _unavailable() -> str | None:
     return _backend.kernels_unavailable_reason()  # CPU build / no device / NVRTC failure: never touches CUDA on CPU
 
 
-pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=f"head kernels unavailable: {_unavailable()}")
+pytestmark = [
+    pytest.mark.skipif(_unavailable() is not None, reason=f"head kernels unavailable: {_unavailable()}"),
+    pytest.mark.usefixtures("no_tf32"),  # fp32 references must not run in TF32
+]
 
 CL3D = torch.channels_last_3d
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    # cuDNN runs fp32 convs in TF32 by default, which would make the fp32 reference a ~1e-3 reference.
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = old
 
 
 def _case(b=1, t=4, h=37, w=53, c_in=256, c_out=12, seed=0, layout="ncdhw"):

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import random_output_head
 from taesd_fast import OutputHead, _backend, backend
 
 pytestmark = [
@@ -19,13 +20,7 @@ pytestmark = [
 
 
 def _head(c_in=256, seed=0) -> OutputHead:
-    gen = torch.Generator().manual_seed(seed)
-    head = OutputHead(c_in, 12)
-    with torch.no_grad():
-        head.norm_out.gamma.copy_(1 + 0.1 * torch.randn(c_in, 1, 1, 1, generator=gen))
-        head.conv_out.weight.copy_(torch.randn(12, c_in, 3, 3, 3, generator=gen) * (0.6 / (27 * c_in) ** 0.5))
-        head.conv_out.bias.copy_(0.1 * torch.randn(12, generator=gen))
-    return head
+    return random_output_head(c_in, seed, gamma_spread=0.1, weight_gain=0.6, patch_size=2)
 
 
 def _reference(head: OutputHead, features: torch.Tensor) -> torch.Tensor:
