@@ -108,3 +108,17 @@ def test_gpu_opcheck_compile_and_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, head_act.activated_window(x, cache, gamma, 1e-12))
+
+
+def test_long_videos_stay_off_the_int32_kernels():
+    """The Triton head kernels index one sample with int32 offsets: a whole long video in one call (here 40 frames
+    at 352x640, 256 channels: 2.3e9 elements per sample) must go to PyTorch, not to the kernel."""
+    from taesd_fast.kernels import head_fused
+
+    big = torch.empty(1, 256, 40, 352, 640, device="meta", dtype=torch.bfloat16)
+    chunk = torch.empty(1, 256, 4, 352, 640, device="meta", dtype=torch.bfloat16)
+    assert not head_fused.per_sample_offsets_fit(big) and head_fused.per_sample_offsets_fit(chunk)
+    assert not head_fused.per_sample_offsets_fit(big[:, :, :4])  # a chunk view still strides over the whole video
+    if head_act._TRITON_REASON is None:
+        assert "int32" in head_act.unsupported_reason(tuple(big.shape), torch.bfloat16, "cuda")
+        assert head_act.unsupported_reason(tuple(chunk.shape), torch.bfloat16, "cuda") is None

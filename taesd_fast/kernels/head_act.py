@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from . import head as _split
-from .head_fused import _TRITON_REASON, triton, tl
+from .head_fused import _TRITON_REASON, _shape_reason, per_sample_offsets_fit, triton, tl
 
 POISON = False  # tests set this: NaN-fill the window before the kernel, so an unwritten element shows
 
@@ -60,7 +60,7 @@ def unsupported_reason(x_shape, dtype, device_type: str) -> str | None:
         return f"features {tuple(x_shape)}: expected [B, C, T, H, W] with C a power of two >= 16"
     if max(x_shape[0], x_shape[2]) > 65535:
         return "B or T > 65535"
-    return None
+    return _shape_reason(*x_shape[1:])
 
 
 def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps: float,
@@ -70,6 +70,8 @@ def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps:
     b, c, t, h, w = features.shape
     if features.stride(4) != 1 or features.stride(3) != w:  # pixels of a frame must be one contiguous run
         features = features.contiguous()
+    if not per_sample_offsets_fit(features) or _shape_reason(c, t, h, w):  # int32 offsets in the kernel
+        return _split.causal_window(_split.activate(features, gamma, eps), cache).contiguous()
     window = features.new_empty((b, c, t + 2, h, w))
     if POISON:
         window.fill_(float("nan"))

@@ -158,6 +158,22 @@ def check_fused_head(features: Tensor, cache: Tensor | None, gamma: Tensor, weig
             raise ValueError(f"fused_head: {name} is on {x.device} but features are on {features.device}")
 
 
+_INT32 = 2**31
+
+
+def per_sample_offsets_fit(*tensors: Tensor | None) -> bool:
+    """The Triton head kernels compute offsets inside one batch element in int32 (the batch index is int64): every
+    element of a sample must lie within 2**31 elements of the sample's first one. A whole long video at once
+    (C * T * H * W >= 2**31, e.g. 256 x 38 frames x 352 x 640) does not."""
+    return all(t is None or sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:])) < _INT32 for t in tensors)
+
+
+def _shape_reason(c: int, t: int, h: int, w: int) -> str | None:
+    if c * (t + CAUSAL) * h * w >= _INT32:
+        return f"one sample of C*(T+2)*H*W = {c * (t + CAUSAL) * h * w} elements does not fit int32 offsets"
+    return None
+
+
 def _kernel_reason(c: int, dtype: torch.dtype, device_type: str) -> str | None:
     if device_type != "cuda":
         return f"needs CUDA tensors, got {device_type} (fused_head_ref runs anywhere)"
@@ -454,6 +470,8 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
     reason = _kernel_reason(c, features.dtype, features.device.type)
     if reason is not None:
         raise ValueError(f"fused_head: {reason}")
+    if not per_sample_offsets_fit(features, cache) or _shape_reason(c, t, h, w):
+        return fused_head_ref(features, cache, gamma, weight, bias, eps, scale)  # too large for the kernel
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     wk, b32, gs = _derived_weights(weight, bias, gamma, scale)
     g = features.new_empty((b, t, h, w, GC))
@@ -491,7 +509,7 @@ def spec_unsupported_reason(spec) -> str | None:
         return f"needs weight [C_out, {c}, 3, 3, 3] with 9*C_out <= {GC}"
     if max(b, t) > 65535:
         return "B or T > 65535"
-    return _kernel_reason(c, spec.dtype, spec.device.split(":")[0])
+    return _shape_reason(c, t, *spec.x_shape[3:]) or _kernel_reason(c, spec.dtype, spec.device.split(":")[0])
 
 
 def spec_ready(spec, config: dict | None = None) -> bool:
