@@ -146,6 +146,11 @@ def _f16_candidate(variant: str) -> Candidate:
     return Candidate(f"f16_{variant}", "conv2d", supports, run, True, ready)
 
 
+def _cpu_reason(s: Spec) -> str | None:
+    """Checked before a Triton candidate's module is imported: importing Triton takes a second, for nothing on CPU."""
+    return None if s.device.startswith("cuda") else "CPU tensor"
+
+
 def _tc_candidate() -> Candidate:
     """The Triton tensor-core conv (kernels/conv_tc.py), imported on first use: importing Triton is slow."""
 
@@ -154,7 +159,8 @@ def _tc_candidate() -> Candidate:
 
         return conv_tc
 
-    return Candidate("tc", "conv2d", lambda s: tc().spec_unsupported_reason(s), lambda *a: tc().run_conv2d(*a),
+    return Candidate("tc", "conv2d", lambda s: _cpu_reason(s) or tc().spec_unsupported_reason(s),
+                     lambda *a: tc().run_conv2d(*a),
                      True, lambda s: tc().spec_ready(s), ("channels_last",), nvrtc=False)
 
 
@@ -167,7 +173,7 @@ def _fused_head_candidate() -> Candidate:
 
         return head_fused
 
-    return Candidate("triton_fused", "head_full", lambda s: fh().spec_unsupported_reason(s),
+    return Candidate("triton_fused", "head_full", lambda s: _cpu_reason(s) or fh().spec_unsupported_reason(s),
                      lambda *a: fh().head_full_triton(*a), True, lambda s: fh().spec_ready(s), ("nchw", "strided"))
 
 
@@ -180,7 +186,7 @@ def _norm_split_candidate() -> Candidate:
         return head_act
 
     def supports(s: Spec) -> str | None:
-        return (ha().unsupported_reason(s.x_shape, s.dtype, s.device.split(":")[0])
+        return (_cpu_reason(s) or ha().unsupported_reason(s.x_shape, s.dtype, s.device.split(":")[0])
                 or _split_head.spec_unsupported_reason(_head_full_window_spec(s)))
 
     return Candidate("triton_norm_split", "head_full", supports, lambda *a: ha().head_full_norm_split(*a), True,

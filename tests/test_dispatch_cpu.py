@@ -181,6 +181,19 @@ def test_import_touches_no_cuda():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
+def test_cpu_models_do_not_import_triton():
+    """Triton candidates are skipped for CPU tensors before their module (and Triton, ~1 s) is imported."""
+    code = (
+        "import sys, torch, taesd_fast\n"
+        "with torch.no_grad():\n"
+        "    taesd_fast.TAESD('taesd').decode(torch.randn(1, 4, 8, 8))\n"
+        "    taesd_fast.OutputHead(16, 12)(torch.randn(1, 16, 2, 4, 4))\n"
+        "print('triton' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 def test_disable_env_reason(monkeypatch):
     from taesd_fast import _backend
 
