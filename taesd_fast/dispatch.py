@@ -83,7 +83,8 @@ def _layout(x: Tensor) -> str:
 @dataclass(frozen=True)
 class Candidate:
     """One implementation of a call `kind`. `supports(spec)` returns None or why not; `run` takes the
-    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample), head (x, w, b). `kernel=True` marks
+    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample), head (x, w, b), head_full
+    (x, cache, gamma, w, b, eps) returning (out, new cache). `kernel=True` marks
     custom kernels (they also need kernels_available and are what auto mode must justify by timing).
     `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
 
@@ -213,7 +214,7 @@ CANDIDATES: list[Candidate] = [
 ]
 # Forced-kernel mode with no timings: the order measured best on H200 (tensor-core conv, then the SIMT convs),
 # then the head kernels.
-_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "triton_fused", "split_bf16")
+_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "triton_fused", "triton_norm_split", "split_bf16")
 
 
 _RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}
