@@ -45,21 +45,30 @@ def _launch_shape(variant: str, B: int, c_out: int, Ho: int, Wo: int):
     return (_cdiv(Wo, 16), _cdiv(Ho, 16), min(B * groups, _GRID_Z_MAX)), (8, 8, ogb)
 
 
+def f16_3x3_reason(x_shape, w_shape, dtype, stride: int, max_channels: int) -> str | None:
+    """The checks every f16 3x3 conv kernel of ours shares (these SIMT ones and conv_tc): dtype, a 3x3 weight,
+    1..max_channels channels each way, x matching the weight, stride 1 or 2. Shapes only: no tensors."""
+    if dtype != torch.float16:
+        return f"dtype {dtype} (expected torch.float16)"
+    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3):
+        return f"weight shape {tuple(w_shape)} is not a 3x3 conv [C_out, C_in, 3, 3]"
+    c_out, c_in = w_shape[0], w_shape[1]
+    if not (1 <= c_in <= max_channels and 1 <= c_out <= max_channels):
+        return f"C_in={c_in}, C_out={c_out} (expected 1..{max_channels} each)"
+    if len(x_shape) != 4 or x_shape[1] != c_in:
+        return f"input shape {tuple(x_shape)} does not match weight C_in={c_in} (expected [B, {c_in}, H, W]; no groups)"
+    if stride not in (1, 2):
+        return f"stride {stride} (expected 1 or 2)"
+    return None
+
+
 def unsupported_reason(x_shape, w_shape, dtype, stride: int, variant: str) -> str | None:
     """Why (x, w, stride, variant) is outside what the kernels handle, or None. Shapes only: no tensors."""
     if variant not in VARIANTS:
         return f"unknown variant {variant!r} (expected one of {VARIANTS})"
-    if dtype != torch.float16:
-        return f"dtype {dtype} (kernels are float16 only)"
-    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3):
-        return f"weight shape {tuple(w_shape)} is not a 3x3 conv [C_out, C_in, 3, 3]"
-    c_out, c_in = w_shape[0], w_shape[1]
-    if not (1 <= c_in <= MAX_CHANNELS and 1 <= c_out <= MAX_CHANNELS):
-        return f"C_in={c_in}, C_out={c_out} (kernels need 1..{MAX_CHANNELS})"
-    if len(x_shape) != 4 or x_shape[1] != c_in:
-        return f"input shape {tuple(x_shape)} does not match weight C_in={c_in} (groups are not supported)"
-    if stride not in (1, 2):
-        return f"stride {stride} (kernels do 1 or 2)"
+    reason = f16_3x3_reason(x_shape, w_shape, dtype, stride, MAX_CHANNELS)
+    if reason is not None:
+        return reason
     if variant == "rb" and stride != 1:
         return "the register-blocked variant is stride 1 only"
     return None

@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .conv3x3 import f16_3x3_reason
 from .derived import derived
 
 try:  # Triton is optional: without it the module still imports and the op runs its PyTorch twin on CPU.
@@ -116,17 +117,9 @@ def output_shape(x_shape, w_shape, stride: int, upsample: int) -> tuple:
 
 def unsupported_reason(x_shape, w_shape, dtype, stride: int, upsample: int = 1) -> str | None:
     """Why (x, w, stride, upsample) is outside what the kernel handles, or None. Shapes only: no tensors."""
-    if dtype != torch.float16:
-        return f"dtype {dtype} (expected torch.float16)"
-    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3):
-        return f"weight shape {tuple(w_shape)} is not a 3x3 conv [C_out, C_in, 3, 3]"
-    c_out, c_in = w_shape[0], w_shape[1]
-    if not (1 <= c_in <= MAX_CHANNELS and 1 <= c_out <= MAX_CHANNELS):
-        return f"C_in={c_in}, C_out={c_out} (expected 1..{MAX_CHANNELS} each)"
-    if len(x_shape) != 4 or x_shape[1] != c_in:
-        return f"input shape {tuple(x_shape)} does not match weight C_in={c_in} (expected [B, {c_in}, H, W]; no groups)"
-    if stride not in (1, 2):
-        return f"stride {stride} (expected 1 or 2)"
+    reason = f16_3x3_reason(x_shape, w_shape, dtype, stride, MAX_CHANNELS)
+    if reason is not None:
+        return reason
     if upsample not in (1, 2):
         return f"upsample {upsample} (expected 1 or 2)"
     if upsample == 2 and stride != 1:
