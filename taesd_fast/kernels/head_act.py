@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from . import head as _split
-from .head_fused import _TRITON_REASON, _shape_reason, per_sample_offsets_fit, triton, tl
+from .head_fused import _TRITON_REASON, _shape_reason, per_sample_offsets_fit, scaled_gamma, triton, tl
 
 POISON = False  # tests set this: NaN-fill the window before the kernel, so an unwritten element shows
 
@@ -79,7 +79,7 @@ def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps:
         window[:, :, :2].zero_()  # the first chunk's causal zero padding
     else:
         window[:, :, :2].copy_(cache)
-    gs = (gamma.detach().float().reshape(-1) * c**0.5).contiguous()
+    gs = scaled_gamma(gamma, c**0.5)
     y = window[:, :, 2:]
     grid = (triton.cdiv(h * w, block_p), t, b)
     with torch.cuda.device(features.device) if features.is_cuda else contextlib.nullcontext():

@@ -121,8 +121,13 @@ def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: 
     with torch.no_grad():  # parameters require grad; the cached copies must not hold autograd graphs
         wk = get(weight, ("fused_taps",), lambda: pack_weight_taps(weight))
         b32 = get(weight if bias is None else bias, ("bias32", bias is None), lambda: _split._bias32(weight, bias))
-        gs = get(gamma, ("fused_gs", float(scale)), lambda: (gamma.float().reshape(-1) * scale).contiguous())
-    return wk, b32, gs
+    return wk, b32, scaled_gamma(gamma, scale)
+
+
+def scaled_gamma(gamma: Tensor, scale: float) -> Tensor:
+    """scale * gamma as a flat fp32 vector (what the norm multiplies by), cached on gamma."""
+    with torch.no_grad():
+        return derived.get(gamma, ("scaled_gamma", float(scale)), lambda: (gamma.float().reshape(-1) * scale).contiguous())
 
 
 # --------------------------------------------------------------------------- checks
