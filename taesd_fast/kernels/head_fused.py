@@ -127,7 +127,8 @@ def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: 
 def scaled_gamma(gamma: Tensor, scale: float) -> Tensor:
     """scale * gamma as a flat fp32 vector (what the norm multiplies by), cached on gamma."""
     with torch.no_grad():
-        return derived.get(gamma, ("scaled_gamma", float(scale)), lambda: (gamma.float().reshape(-1) * scale).contiguous())
+        build = lambda: (gamma.float().reshape(-1) * scale).contiguous()  # noqa: E731
+        return derived.get(gamma, ("scaled_gamma", float(scale)), build)
 
 
 # --------------------------------------------------------------------------- checks
