@@ -138,8 +138,7 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
         row("(g) copy of the conv input (floor)", lambda: x6.clone(), f"{mb:.0f} MB read + {mb:.0f} MB written")
 
         def head_split(feat, cache, gamma, weight, bias):
-            y = F.normalize(feat.float(), dim=1) * feat.shape[1] ** 0.5 * gamma.float()
-            return hk.split_head_conv(torch.cat([cache, F.silu(y.to(feat.dtype))], dim=2), weight, bias)
+            return hk.split_head_conv(hk.causal_window(hk.activate(feat, gamma, 1e-12), cache), weight, bias)
 
         row("(h) full head, eager norm/SiLU/cat + split conv, NCDHW", lambda: head_split(feat, cache, gamma, w, b),
             "compare with (a)")
