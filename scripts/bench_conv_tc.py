@@ -48,10 +48,21 @@ SHAPES = [
     ("clamp+4->64 32^2 B64 b+relu", 64, 4, 64, 32, 32, 1, 1, True, False, True, True),
     ("clamp+16->64 32^2 B64 b+relu", 64, 16, 64, 32, 32, 1, 1, True, False, True, True),
     ("3->64 s1 256^2 B64 b+relu (encoder stem)", 64, 3, 64, 256, 256, 1, 1, True, False, True, False),
+    # B=1 (live previews): grids of a few dozen tiles at most; small tiles spread them over the SMs
+    ("B1 64->64 s1 32^2 b+r+relu", 1, 64, 64, 32, 32, 1, 1, True, True, True, False),
+    ("B1 64->64 s1 64^2 b+relu", 1, 64, 64, 64, 64, 1, 1, True, False, True, False),
+    ("B1 64->64 s1 128^2 b+relu", 1, 64, 64, 128, 128, 1, 1, True, False, True, False),
+    ("B1 64->64 s1 256^2 b+relu", 1, 64, 64, 256, 256, 1, 1, True, False, True, False),
+    ("B1 up2+64->64 64->128^2", 1, 64, 64, 64, 64, 1, 2, False, False, False, False),
+    ("B1 64->3 s1 256^2 b", 1, 64, 3, 256, 256, 1, 1, True, False, False, False),
 ]
 
-TAP_SWEEP = [tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 4, 3), tc.TCConfig(128, 4, 4),
+TAP_SWEEP = [tc.TCConfig(128, 4, 3, cache_a=True), tc.TCConfig(128, 4, 2, cache_a=True),
+             tc.TCConfig(256, 8, 2, cache_a=True), tc.TCConfig(64, 4, 3, cache_a=True), tc.TCConfig(128, 8, 3, cache_a=True),
+             tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 4, 3), tc.TCConfig(128, 4, 4),
              tc.TCConfig(128, 8, 3), tc.TCConfig(256, 8, 2), tc.TCConfig(256, 8, 3), tc.TCConfig(128, 4, 3, 32)]
+SMALL_SWEEP = [tc.TCConfig(16, 4, 2), tc.TCConfig(32, 4, 2), tc.TCConfig(32, 4, 3), tc.TCConfig(64, 4, 3),
+               tc.TCConfig(32, 4, 3, cache_a=True), tc.TCConfig(64, 4, 3, cache_a=True), tc.TCConfig(128, 4, 3)]
 FLAT_SWEEP = [tc.TCConfig(64, 4, 2), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 8, 2), tc.TCConfig(256, 8, 2)]
 
 
@@ -117,7 +128,8 @@ def bench_shape(spec, budget_end: float, quick: bool) -> list[dict]:
 
     M = B * (H * W if up == 2 else oshape[2] * oshape[3])
     default = tc.default_config(cin, cout, stride, up, M)
-    sweep = [default] + [c for c in (FLAT_SWEEP if cin < 16 else TAP_SWEEP) if c != default]
+    small = M * (-(-cout // 128)) < 132 * 128  # less than one wave of 128-row tiles on an H200
+    sweep = [default] + [c for c in (FLAT_SWEEP if cin < 16 else SMALL_SWEEP if small else TAP_SWEEP) if c != default]
     if quick:
         sweep = sweep[:2]
     y = torch.empty(oshape, dtype=torch.float16, device="cuda", memory_format=cl)

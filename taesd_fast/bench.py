@@ -94,25 +94,30 @@ def bench_conv(shapes=CONV_SHAPES) -> list[dict]:
 # ------------------------------------------------------------------------------------------ sections
 
 
-def _taesd_rows() -> list[dict]:
-    from .bench_taesd import bench_taesd
+def _taesd_rows(args) -> list[dict]:
+    from .bench_taesd import WORKLOADS, bench_taesd
 
-    return bench_taesd()
+    wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
+    workloads = [w for w in WORKLOADS if not wanted or any(s in w[0] for s in wanted)]
+    return bench_taesd(workloads=workloads, compile_modes=() if args.no_compile else ("max-autotune",))
 
 
-def _head_rows() -> list[dict]:
+def _head_rows(args) -> list[dict]:
     from .bench_head import bench_head
 
     return [{"what": n, "ms": ms, "note": note} for n, ms, note in bench_head()]
 
 
-SECTIONS: dict[str, Callable[[], list[dict]]] = {"conv": bench_conv, "taesd": _taesd_rows, "head": _head_rows}
+SECTIONS: dict[str, Callable[..., list[dict]]] = {"conv": lambda args: bench_conv(), "taesd": _taesd_rows,
+                                                  "head": _head_rows}
 
 
 def main(argv=None, prog: str | None = None) -> None:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="conv,taesd,head", help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--out", help="also write the tables to this file")
+    ap.add_argument("--workloads", help="taesd section: comma-separated substrings of workload names (default all)")
+    ap.add_argument("--no-compile", action="store_true", help="taesd section: skip torch.compile (minutes per shape)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("taesd_fast.bench needs a CUDA GPU")
@@ -124,7 +129,7 @@ def main(argv=None, prog: str | None = None) -> None:
     out = [header]
     print(header, flush=True)
     for name in names:
-        text = format_rows(name, SECTIONS[name]())
+        text = format_rows(name, SECTIONS[name](args))
         print(text, flush=True)
         out.append(text)
     if args.out:

@@ -4,7 +4,9 @@ Modes (`backend(mode)` / `set_backend(mode)`):
   "auto"    (default) a custom kernel runs only where it was measured faster than PyTorch/cuDNN on
             this GPU for this exact (shape, dtype, stride, epilogue, layout); timings persist as JSON
             in the cache dir and are reused. No timing while torch.compile traces or a CUDA graph
-            captures: then the cached decision, else PyTorch.
+            captures: then the cached decision, else PyTorch. Inside `graph_timing()` (entered by
+            `graphs.capture` and `CUDAGraphed`) candidates are timed as CUDA-graph replays instead,
+            and those decisions are kept apart from the eager ones.
   "kernels" the fastest measured custom kernel wherever one supports the call (default order
             `_DEFAULT_ORDER` when none was measured), else PyTorch. Used by tests.
   "torch"   always PyTorch.
@@ -31,7 +33,7 @@ from .kernels import head as _split_head  # registers taesd_fast::conv_n128 / he
 
 __all__ = [
     "conv2d", "head_conv", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
-    "Candidate", "Spec", "CANDIDATES", "clear_cache",
+    "Candidate", "Spec", "CANDIDATES", "clear_cache", "graph_timing",
 ]
 
 _MODES = ("auto", "torch", "kernels")
@@ -58,13 +60,16 @@ class Spec:
     relu: bool
     layout: str  # "nchw" | "channels_last" | "strided"
     upsample: int = 1  # conv2d: nearest upsample of x by this factor before the conv (kernels fold it)
+    pre_clamp: bool = False  # conv2d: soft clamp 3*tanh(x/3) of x before the conv (the decoder's Clamp)
 
-    def key(self, gpu: str) -> str:
+    def key(self, gpu: str, graph: bool = False) -> str:
+        """Timings-file key; `graph` marks timings taken as CUDA-graph replays."""
         shp = lambda s: "x".join(map(str, s))  # noqa: E731
         flags = "".join(f for f, on in (("b", self.bias), ("r", self.residual), ("R", self.relu)) if on) or "-"
         return (f"{gpu}|torch{torch.__version__}|src{_backend.sources_hash()}|{self.kind}|x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
                 f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
-                + (f"|u{self.upsample}" if self.upsample != 1 else ""))
+                + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
+                + ("|graph" if graph else ""))
 
 
 def _layout(x: Tensor) -> str:
@@ -83,7 +88,7 @@ def _layout(x: Tensor) -> str:
 @dataclass(frozen=True)
 class Candidate:
     """One implementation of a call `kind`. `supports(spec)` returns None or why not; `run` takes the
-    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample), head (x, w, b), head_full
+    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp), head (x, w, b), head_full
     (x, cache, gamma, w, b, eps) returning (out, new cache). `kernel=True` marks
     custom kernels (they also need kernels_available and are what auto mode must justify by timing).
     `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
@@ -98,7 +103,14 @@ class Candidate:
     nvrtc: bool = True  # needs our NVRTC-built kernels (Triton candidates check Triton in `supports` instead)
 
 
-def _torch_conv2d(x, w, b, stride, residual, relu, upsample=1):
+def soft_clamp(x: Tensor) -> Tensor:
+    """TAESD's latent clamp to (-3, 3), as upstream writes it (so the PyTorch path stays bit-identical)."""
+    return torch.tanh(x / 3) * 3
+
+
+def _torch_conv2d(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False):
+    if pre_clamp:
+        x = soft_clamp(x)
     if upsample != 1:
         x = F.interpolate(x, scale_factor=upsample, mode="nearest")
     y = F.conv2d(x, w, b, stride=stride, padding=w.shape[-1] // 2)
@@ -133,11 +145,11 @@ def _f16_candidate(variant: str) -> Candidate:
     def supports(s: Spec) -> str | None:
         if not s.device.startswith("cuda"):
             return "CPU tensor"
-        if s.upsample != 1:
-            return "no upsample fold in the SIMT kernels"
+        if s.upsample != 1 or s.pre_clamp:
+            return "no upsample or clamp fold in the SIMT kernels"
         return k.unsupported_reason(s.x_shape, s.w_shape, s.dtype, s.stride, variant)
 
-    def run(x, w, b, stride, residual, relu, upsample=1):
+    def run(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False):
         return torch.ops.taesd_fast.conv3x3_f16(x, w, b, residual, stride, relu, variant)
 
     def ready(s: Spec) -> bool:
@@ -241,6 +253,24 @@ def get_backend() -> str:
     return _mode
 
 
+_graph_timing = False  # see graph_timing(); process-global like the mode
+
+
+@contextlib.contextmanager
+def graph_timing():
+    """Decide for calls that a CUDA graph will replay: candidates are timed as graph replays, so a launch's CPU
+    cost (Triton's Python launcher, ~10-20 us) counts for nothing, as in the replay. Eager timing would charge it
+    and keep cuDNN on small layers where our kernels are faster on the GPU. Eager calls outside this context keep
+    their own decisions."""
+    global _graph_timing
+    prev = _graph_timing
+    _graph_timing = True
+    try:
+        yield
+    finally:
+        _graph_timing = prev
+
+
 @contextlib.contextmanager
 def backend(mode: str):
     """with backend("torch"|"kernels"|"auto"): ... restores the previous mode on exit."""
@@ -255,7 +285,7 @@ def backend(mode: str):
 # ------------------------------------------------------------------------------------ timing cache
 
 _lock = threading.RLock()
-_decided: dict[tuple, "Record"] = {}  # (mode, key tuple) -> decision; the per-call fast path
+_decided: dict[tuple, "Record"] = {}  # (mode, graph timing, key tuple) -> decision; the per-call fast path
 _timings: dict[str, dict] | None = None  # Spec.key -> {"ms": {name: ms}, ...}; disk-backed
 _gpu_names: dict[str, str] = {}
 _records: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, Record]]" = weakref.WeakKeyDictionary()
@@ -360,9 +390,10 @@ def _fresh_like(t: Tensor | None, scale: float = 1.0) -> Tensor | None:
 
 def _fresh_args(kind: str, args: tuple) -> tuple:
     if kind == "conv2d":
-        x, w, b, stride, res, relu, up = args
+        x, w, b, stride, res, relu, *folds = args
         fan_in = w[0].numel()
-        return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu, up)
+        return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu,
+                *folds)
     if kind == "head_full":
         x, cache, gamma, w, b, eps = args
         return (_fresh_like(x), _fresh_like(cache), _fresh_like(gamma).add_(1.0), _fresh_like(w, w[0].numel() ** -0.5),
@@ -371,9 +402,18 @@ def _fresh_args(kind: str, args: tuple) -> tuple:
     return (_fresh_like(x), _fresh_like(w, w[0].numel() ** -0.5), _fresh_like(b, 0.1))
 
 
-def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS) -> tuple[dict, dict]:
+def _graphed_calls(fn: Callable[[], object], n: int) -> Callable[[], None]:
+    """n calls of fn captured in one CUDA graph; returns its replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    return graph.replay
+
+
+def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS, graph: bool = False) -> tuple[dict, dict]:
     """Median ms per candidate with CUDA events on fresh random inputs; interleaved reps so clock
-    drift hits all candidates alike. Returns (ms, failures)."""
+    drift hits all candidates alike. graph=True times replays of a CUDA graph of the calls. Returns (ms, failures)."""
     with torch.inference_mode(False):  # stand-ins must be ordinary tensors even under inference_mode
         fresh = _fresh_args(kind, args)
     ok, failed = [], {}
@@ -396,13 +436,25 @@ def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS) -
         e1.record()
         e1.synchronize()
         iters[c.name] = max(1, min(50, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
+    batch = {}  # candidate -> one rep's worth of calls
+    for c in list(ok):
+        calls = lambda c=c: [c.run(*fresh) for _ in range(iters[c.name])]  # noqa: E731
+        if graph:
+            try:
+                calls = _graphed_calls(lambda c=c: c.run(*fresh), iters[c.name])
+                calls()
+            except Exception as e:
+                ok.remove(c)
+                failed[c.name] = f"failed in a CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                continue
+        batch[c.name] = calls
+    torch.cuda.synchronize()
     events = {c.name: [] for c in ok}
     for _ in range(reps):
         for c in ok:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            for _ in range(iters[c.name]):
-                c.run(*fresh)
+            batch[c.name]()
             e.record()
             events[c.name].append((s, e))
     torch.cuda.synchronize()
@@ -455,7 +507,8 @@ def _decide(spec: Spec, mode: str, args: tuple) -> Record:
         first = next(iter(skipped.items()), None)
         why = "forced torch" if mode == "torch" else "no custom kernel for this call" + (f" ({first[0]}: {first[1]})" if first else "")
         return Record(spec, ref.name, why, {}, skipped)
-    key = spec.key(_gpu_name(spec.device))
+    graph = _graph_timing
+    key = spec.key(_gpu_name(spec.device), graph)
     entry = _cached(key)
     if mode == "kernels":  # tests force kernels on many shapes: use timings if any, never time
         return _static_record(spec, mode, cands, skipped, entry, "no timings")
@@ -463,13 +516,15 @@ def _decide(spec: Spec, mode: str, args: tuple) -> Record:
     if entry is None or any(n not in entry["ms"] and n not in entry.get("failed", {}) for n in timed):
         if not _can_time():
             return _static_record(spec, mode, cands, skipped, entry, "not timed (compiling/capturing)")
-        ms, failed = measure(cands, spec.kind, args)
+        ms, failed = measure(cands, spec.kind, args, graph=graph)
         entry = {"ms": ms, "failed": failed}
         # Failures (an OOM while timing, a compile error) stay in this process; only timings persist.
         _remember(key, {"ms": ms}, entry)
         why = "measured"
     else:
         why = "cached timings"
+    if graph:
+        why += " (graph replays)"
     return _pick(spec, mode, cands, skipped, entry, why)
 
 
@@ -509,7 +564,7 @@ def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
     """Run function for this call. The fast path is one dict lookup on plain tuples, so torch.compile
     traces it (guarding on the dicts) and bakes in the decision made eagerly for this shape."""
     mode = _mode
-    rec = _decided.get((mode, key))
+    rec = _decided.get((mode, _graph_timing, key))
     if torch.compiler.is_compiling():
         # Never time or compile while tracing; nothing decided eagerly for this shape means PyTorch.
         return _RUN[(key[0], "torch" if rec is None else rec.choice)]
@@ -531,14 +586,14 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
                 rec = Record(spec, "torch", f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
         if not (spec.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
             # a capture-time fallback must not stick: the next eager call decides properly
-            _decided[(mode, key)] = rec
+            _decided[(mode, _graph_timing, key)] = rec
         return rec
 
 
-def _key(kind, x, w, b, stride, residual, relu, upsample=1) -> tuple:
+def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> tuple:
     """Plain-tuple form of Spec (same field order)."""
     return (kind, str(x.device), tuple(x.shape), tuple(w.shape), x.dtype, int(stride), b is not None,
-            residual is not None, bool(relu), _layout(x), int(upsample))
+            residual is not None, bool(relu), _layout(x), int(upsample), bool(pre_clamp))
 
 
 # ------------------------------------------------------------------------------------ contract
@@ -550,12 +605,12 @@ def _needs_grad(*tensors) -> bool:
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int = 1,
-           residual: Tensor | None = None, relu: bool = False, upsample: int = 1,
+           residual: Tensor | None = None, relu: bool = False, upsample: int = 1, pre_clamp: bool = False,
            layer: nn.Module | None = None) -> Tensor:
-    """y = conv2d(up(x), weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu, where up is a
-    nearest upsample by `upsample` (1: none) that kernels may fold into the conv.
+    """y = conv2d(up(c(x)), weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu, where up is a
+    nearest upsample by `upsample` (1: none) and c is `soft_clamp` if pre_clamp; kernels may fold both into the conv.
     x: [B, C_in, H, W]; weight: [C_out, C_in, k, k]; residual: [B, C_out, Ho, Wo]."""
-    args = (x, weight, bias, stride, residual, relu, upsample)
+    args = (x, weight, bias, stride, residual, relu, upsample, pre_clamp)
     if _mode == "torch" or _needs_grad(x, weight, bias, residual):
         return _torch_conv2d(*args)
     return _choose(_key("conv2d", *args), args, layer)(*args)
@@ -603,8 +658,8 @@ def dispatch_table(model: nn.Module) -> str:
         for r in _records.get(mod, {}).values():
             spec = r.spec
             res = "cache" if spec.kind == "head_full" else "res"
-            flags = "+".join(f for f, on in (("up2", spec.upsample == 2), ("bias", spec.bias), (res, spec.residual),
-                                             ("relu", spec.relu)) if on)
+            flags = "+".join(f for f, on in (("clamp", spec.pre_clamp), ("up2", spec.upsample == 2), ("bias", spec.bias),
+                                             (res, spec.residual), ("relu", spec.relu)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),
                          str(spec.dtype).replace("torch.", ""), str(spec.stride), flags or "-", spec.layout, r.choice,

@@ -8,20 +8,24 @@ from typing import Callable
 
 import torch
 
+from . import dispatch
+
 
 def capture(fn: Callable[[], torch.Tensor]):
     """Capture fn() in a CUDA graph after a side-stream warm-up (as capture requires; the warm-up also lets the
-    dispatcher time and load its kernels eagerly). Returns (replay, output): replaying rewrites `output` in place.
-    fn must read its inputs from the same buffers every call."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = fn()
+    dispatcher time and load its kernels, timing candidates as graph replays: `dispatch.graph_timing`).
+    Returns (replay, output): replaying rewrites `output` in place. fn must read its inputs from the same buffers
+    every call."""
+    with dispatch.graph_timing():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = fn()
     return graph.replay, output
 
 

@@ -22,9 +22,9 @@ class DispatchConv2d(nn.Conv2d):
     layer_name = "?"  # set by `name_layers` to the module's path, for the dispatch table
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, relu: bool = False,
-                upsample: int = 1) -> torch.Tensor:
+                upsample: int = 1, pre_clamp: bool = False) -> torch.Tensor:
         return dispatch.conv2d(x, self.weight, self.bias, stride=self.stride[0], residual=residual, relu=relu,
-                               upsample=upsample, layer=self)
+                               upsample=upsample, pre_clamp=pre_clamp, layer=self)
 
 
 def conv3x3(n_in: int, n_out: int, stride: int = 1, bias: bool = True) -> DispatchConv2d:
@@ -39,7 +39,7 @@ class Clamp(nn.Module):
     """Soft clamp of the latents to (-3, 3), the first step of every TAESD decoder."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x / 3) * 3
+        return dispatch.soft_clamp(x)
 
 
 class Block(nn.Module):
@@ -79,8 +79,8 @@ def _nearest_factor(module: nn.Module) -> int | None:
 
 
 class ReLUSequential(nn.Sequential):
-    """nn.Sequential that hands the dispatcher fused calls: a nearest nn.Upsample followed by a conv (a kernel
-    may fold the upsample into the conv), and a conv followed by nn.ReLU.
+    """nn.Sequential that hands the dispatcher fused calls: a Clamp or a nearest nn.Upsample followed by a conv (a
+    kernel may fold either into the conv), and a conv followed by nn.ReLU.
 
     Keys and indices are those of a plain nn.Sequential; only the forward differs.
     """
@@ -89,15 +89,15 @@ class ReLUSequential(nn.Sequential):
         modules = list(self)
         i = 0
         while i < len(modules):
-            upsample = _nearest_factor(modules[i])
-            if upsample is not None and i + 1 < len(modules) and isinstance(modules[i + 1], DispatchConv2d):
-                i += 1  # the conv does the upsample
+            upsample, pre_clamp = _nearest_factor(modules[i]), isinstance(modules[i], Clamp)
+            if (upsample is not None or pre_clamp) and i + 1 < len(modules) and isinstance(modules[i + 1], DispatchConv2d):
+                i += 1  # the conv does the upsample / clamp
             else:
-                upsample = 1
+                upsample, pre_clamp = 1, False
             module = modules[i]
             if isinstance(module, DispatchConv2d):
                 relu = i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU)
-                x = module(x, relu=relu, upsample=upsample)
+                x = module(x, relu=relu, upsample=upsample or 1, pre_clamp=pre_clamp)
                 i += 2 if relu else 1
             else:
                 x = module(x)

@@ -196,6 +196,7 @@ CASES = {
     "64to64_chunks_bm16": (1, 64, 64, 7, 9, 1, 1, True, True, True, False, (16, 4, 2, 32), "cl"),
     "128to160_ntiles": (1, 128, 160, 5, 5, 2, 1, True, True, True, False, None, "cl"),
     "64to64_up2_bm16": (1, 64, 64, 3, 7, 1, 2, True, True, True, True, (16, 4, 2, 16), "cl"),
+    "64to64_l1_cached_loads": (1, 64, 64, 6, 5, 1, 1, True, True, True, False, (16, 4, 2, 0, True), "cl"),
     "nchw_input": (2, 16, 16, 5, 6, 1, 1, True, True, True, False, None, "nchw"),
 }
 

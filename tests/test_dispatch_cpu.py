@@ -93,6 +93,7 @@ def test_eligibility_reasons():
     assert "stride 1 only" in reasons(stride=2)["f16_rb"] and reasons(stride=2)["f16_ocb4"] is None
     assert reasons(device="cpu")["f16_rb"] == "CPU tensor" and reasons(device="cpu")["tc"] == "CPU tensor"
     assert "upsample" in reasons(upsample=2)["f16_rb"]
+    assert "clamp" in reasons(pre_clamp=True)["f16_ocb4"]
 
 
 def test_op_validation_messages():
@@ -202,9 +203,9 @@ def test_disable_env_reason(monkeypatch):
     assert not _backend.kernels_available()
 
 
-def test_decoder_hands_upsample_to_the_conv_and_stays_exact():
-    """ReLUSequential folds each nearest Upsample into the next conv's dispatch call (kernels may fold it into
-    their loads); the PyTorch path must give exactly what the plain upsample-then-conv Sequential gives."""
+def test_decoder_hands_upsample_and_clamp_to_the_conv_and_stays_exact():
+    """ReLUSequential folds each nearest Upsample, and the Clamp, into the next conv's dispatch call (kernels may
+    fold them into their loads); the PyTorch path must give exactly what the plain Sequential gives."""
     from taesd_fast import TAESD
 
     torch.manual_seed(0)
@@ -219,3 +220,29 @@ def test_decoder_hands_upsample_to_the_conv_and_stays_exact():
     assert [r.split()[0] for r in rows] == ["decoder.7", "decoder.12", "decoder.17"]
     # each conv is given the low-resolution input
     assert [r.split()[1] for r in rows] == ["2x64x6x5", "2x64x12x10", "2x64x24x20"]
+    clamped = [r.split()[0] for r in model.dispatch_table().splitlines() if "clamp" in r]
+    assert clamped == ["decoder.1"]  # the raw latents go to the first conv
+
+
+def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
+    """Inside graph_timing() the dispatcher reads and writes timings under a separate key (taken as graph replays)
+    and caches its decision apart from eager calls of the same shape. Driven with synthetic timings, no GPU."""
+    spec = dispatch.Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True,
+                         "channels_last")
+    cands = [c for c in dispatch.CANDIDATES if c.kind == "conv2d" and c.name in ("torch", "tc")]
+    monkeypatch.setattr(dispatch, "_eligible", lambda s: (list(cands), {}))
+    monkeypatch.setattr(dispatch, "_gpu_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA runtime
+    eager_key, graph_key = spec.key("FakeGPU"), spec.key("FakeGPU", graph=True)
+    assert eager_key != graph_key and graph_key.endswith("|graph")
+    dispatch._cached(eager_key)  # load the (empty) file first, then plant both entries
+    dispatch._timings[eager_key] = {"ms": {"torch": 0.010, "tc": 0.020}}  # eager: Triton's launch cost shows
+    dispatch._timings[graph_key] = {"ms": {"torch": 0.010, "tc": 0.004}}  # replayed: the kernel is faster
+    key = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
+    assert dispatch._decide_eager(key, "auto", ()).choice == "torch"
+    with dispatch.graph_timing():
+        rec = dispatch._decide_eager(key, "auto", ())
+        assert rec.choice == "tc" and "graph replays" in rec.why
+    assert dispatch._decided[("auto", False, key)].choice == "torch"
+    assert dispatch._decided[("auto", True, key)].choice == "tc"
+    assert not dispatch._graph_timing  # the context restores the flag

@@ -259,15 +259,19 @@ def pack_weight(w: Tensor, upsample: int, plan: _Plan) -> Tensor:
 
 @dataclass(frozen=True)
 class TCConfig:
-    """Launch config. block_k = 0 picks it from C_in (tap mode: min(64, pow2(C_in)); flat mode ignores it)."""
+    """Launch config. block_k = 0 picks it from C_in (tap mode: min(64, pow2(C_in)); flat mode ignores it).
+    cache_a: load the input through L1 (cp.async.ca) instead of L2 only (.cg): the three kx taps of a row read
+    almost the same bytes, so L1 hits can cut the L2 traffic that bounds these convs (9 x 128 B per pixel)."""
 
     block_m: int = 128
     num_warps: int = 4
     num_stages: int = 3
     block_k: int = 0
+    cache_a: bool = False
 
     def __str__(self) -> str:
-        return f"M{self.block_m}w{self.num_warps}s{self.num_stages}" + (f"k{self.block_k}" if self.block_k else "")
+        return (f"M{self.block_m}w{self.num_warps}s{self.num_stages}" + (f"k{self.block_k}" if self.block_k else "")
+                + ("ca" if self.cache_a else ""))
 
 
 # Measured best configs, (C_in, C_out, stride, upsample) -> TCConfig; filled from scripts/bench_conv_tc.py output.
@@ -306,6 +310,12 @@ if triton is not None:
         t = 3.0 * (1.0 - e) / (1.0 + e)
         return tl.where(af < 0, -t, t).to(tl.float16)
 
+    @triton.jit
+    def _load_input(ptrs, mask, CACHE_A: tl.constexpr):
+        if CACHE_A:
+            return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".ca")
+        return tl.load(ptrs, mask=mask, other=0.0)
+
     @triton.jit(do_not_specialize=["M", "GH", "GW", "H", "W", "Ho", "Wo"])
     def _conv3x3_tc_kernel(
         x_ptr, w_ptr, b_ptr, r_ptr, y_ptr,
@@ -313,7 +323,7 @@ if triton is not None:
         C_IN: tl.constexpr, C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr,
         CHUNKS: tl.constexpr, KS: tl.constexpr, STRIDE: tl.constexpr, UPSAMPLE: tl.constexpr, FLAT: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr, PRE_CLAMP: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CACHE_A: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if UPSAMPLE:
@@ -361,7 +371,7 @@ if triton is not None:
             ok = (m_ok[:, None] & (rk < KS * KS * C_IN)[None, :]
                   & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W))
             offs = ((row0[:, None] + iy) * W + ix).to(tl.int64) * C_IN + c[None, :]
-            a = tl.load(x_ptr + offs, mask=ok, other=0.0)
+            a = _load_input(x_ptr + offs, ok, CACHE_A)
             if PRE_CLAMP:
                 a = _soft_clamp(a)
             wt = tl.load(w_base + rk[:, None] * N_PAD + rn[None, :])
@@ -377,9 +387,9 @@ if triton is not None:
                 offs = ((row0 + iy) * W + ix).to(tl.int64) * C_IN + c0
                 ptrs = x_ptr + offs[:, None] + rk[None, :]
                 if C_IN % BLOCK_K == 0:
-                    a = tl.load(ptrs, mask=ok[:, None], other=0.0)  # whole 16-byte vectors: no channel mask
+                    a = _load_input(ptrs, ok[:, None], CACHE_A)  # whole 16-byte vectors: no channel mask
                 else:
-                    a = tl.load(ptrs, mask=ok[:, None] & ((c0 + rk) < C_IN)[None, :], other=0.0)
+                    a = _load_input(ptrs, ok[:, None] & ((c0 + rk) < C_IN)[None, :], CACHE_A)
                 if PRE_CLAMP:
                     a = _soft_clamp(a)
                 wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
@@ -463,7 +473,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
             C_IN=c_in, C_OUT=c_out, N_PAD=plan.n_pad, K_ROWS=plan.k_rows, CHUNKS=plan.cin_pad // plan.block_k,
             KS=plan.ks, STRIDE=stride, UPSAMPLE=upsample == 2, FLAT=plan.flat,
             HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), PRE_CLAMP=bool(pre_clamp),
-            BLOCK_M=cfg.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+            BLOCK_M=cfg.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, CACHE_A=cfg.cache_a,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     _launched.add((str(x.device), _compile_key(x.shape, w.shape, stride, upsample, pre_clamp, b is not None,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from taesd_fast import TAESD, CUDAGraphed, kernels_unavailable_reason
+from taesd_fast import TAESD, CUDAGraphed, dispatch, kernels_unavailable_reason
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device"),
@@ -25,7 +25,7 @@ def test_graphed_decode_equals_eager(mode):
             latents = torch.randn_like(example)
             first = preview(latents)
             second = preview(torch.randn_like(example))  # the first result must not be overwritten
-            with torch.no_grad():
+            with torch.no_grad(), dispatch.graph_timing():  # the decisions the graph was captured with
                 eager = model.decode(latents)
             # Same algorithms, so equal in practice; 1e-3 allows a different cuDNN pick, while a stale or
             # wrong replay would be off by far more on random latents.
@@ -33,3 +33,34 @@ def test_graphed_decode_equals_eager(mode):
             assert not torch.equal(first, second)
     with pytest.raises(ValueError, match=r"captured for \(1, 32, 32, 32\) torch.float16.*got \(2, 32, 32, 32\)"):
         preview(torch.randn(2, 32, 32, 32, device="cuda", dtype=torch.float16))
+
+
+def test_capture_times_candidates_as_graph_replays():
+    """CUDAGraphed decides its layers from graph-replay timings (every eligible candidate timed), kept apart from
+    the eager decisions, and the replay matches an eager call that uses those decisions."""
+    from taesd_fast.layers import DispatchConv2d
+
+    model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
+    example = torch.randn(1, 32, 32, 32, device="cuda", dtype=torch.float16)
+    preview = CUDAGraphed(model.decode, example)
+    graph_recs = [(k, r) for k, r in dispatch._decided.items() if k[1]]
+    assert graph_recs, "capture made no graph-timed decisions"
+    for _, rec in graph_recs:
+        if rec.ms:  # a spec with no kernel candidate is not timed
+            assert "graph replays" in rec.why and all(t > 0 for t in rec.ms.values()), rec
+    table = dispatch.dispatch_table(model.decoder)
+    assert any(isinstance(m, DispatchConv2d) for m in model.decoder.modules()) and "graph replays" in table
+    latents = torch.randn_like(example)
+    with torch.no_grad(), dispatch.graph_timing():
+        eager = model.decode(latents)
+    torch.testing.assert_close(preview(latents), eager, rtol=0, atol=1e-3)
+
+
+def test_measure_as_graph_replays_times_every_candidate():
+    w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) / 24
+    x = torch.randn(1, 64, 32, 32, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    args = (x, w, torch.randn(64, device="cuda", dtype=torch.float16), 1, None, True, 1)
+    spec = dispatch.Spec(*dispatch._key("conv2d", *args))
+    cands, _ = dispatch._eligible(spec)
+    ms, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=True)
+    assert not failed and set(ms) == {c.name for c in cands} and all(0 < t < 10 for t in ms.values()), (ms, failed)
