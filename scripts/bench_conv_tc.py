@@ -57,12 +57,13 @@ SHAPES = [
     ("B1 64->3 s1 256^2 b", 1, 64, 3, 256, 256, 1, 1, True, False, False, False),
 ]
 
-TAP_SWEEP = [tc.TCConfig(128, 4, 3, cache_a=True), tc.TCConfig(128, 4, 2, cache_a=True),
-             tc.TCConfig(256, 8, 2, cache_a=True), tc.TCConfig(64, 4, 3, cache_a=True), tc.TCConfig(128, 8, 3, cache_a=True),
-             tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 4, 3), tc.TCConfig(128, 4, 4),
-             tc.TCConfig(128, 8, 3), tc.TCConfig(256, 8, 2), tc.TCConfig(256, 8, 3), tc.TCConfig(128, 4, 3, 32)]
-SMALL_SWEEP = [tc.TCConfig(16, 4, 2), tc.TCConfig(32, 4, 2), tc.TCConfig(32, 4, 3), tc.TCConfig(64, 4, 3),
-               tc.TCConfig(32, 4, 3, cache_a=True), tc.TCConfig(64, 4, 3, cache_a=True), tc.TCConfig(128, 4, 3)]
+TMA = lambda m, tw, w, st: tc.TCConfig(m, w, st, tile_w=tw)  # noqa: E731
+TAP_SWEEP = [TMA(128, 16, 4, 3), TMA(128, 16, 4, 4), TMA(128, 32, 4, 3), TMA(128, 8, 4, 3), TMA(256, 16, 8, 3),
+             TMA(256, 32, 8, 2), TMA(128, 16, 8, 3), TMA(64, 8, 4, 4), TMA(128, 16, 4, 2),
+             tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 4, 3), tc.TCConfig(128, 8, 3),
+             tc.TCConfig(256, 8, 3)]
+SMALL_SWEEP = [TMA(64, 8, 4, 3), TMA(64, 16, 4, 3), TMA(32, 8, 4, 3), TMA(128, 16, 4, 3), tc.TCConfig(32, 4, 3),
+               tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 3)]
 FLAT_SWEEP = [tc.TCConfig(64, 4, 2), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 8, 2), tc.TCConfig(256, 8, 2)]
 
 
@@ -129,7 +130,8 @@ def bench_shape(spec, budget_end: float, quick: bool) -> list[dict]:
     M = B * (H * W if up == 2 else oshape[2] * oshape[3])
     default = tc.default_config(cin, cout, stride, up, M)
     small = M * (-(-cout // 128)) < 132 * 128  # less than one wave of 128-row tiles on an H200
-    sweep = [default] + [c for c in (FLAT_SWEEP if cin < 16 else SMALL_SWEEP if small else TAP_SWEEP) if c != default]
+    sweep = [default] + [c for c in (FLAT_SWEEP if cin < 16 else SMALL_SWEEP if small else TAP_SWEEP)
+                         if c != default and not (c.tile_w and (stride != 1 or pre_clamp))]  # TMA: stride 1, no clamp
     if quick:
         sweep = sweep[:2]
     y = torch.empty(oshape, dtype=torch.float16, device="cuda", memory_format=cl)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast.kernels import conv_tc as tc
+from taesd_fast.kernels import conv_tc_tma
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
@@ -197,6 +198,11 @@ CASES = {
     "128to160_ntiles": (1, 128, 160, 5, 5, 2, 1, True, True, True, False, None, "cl"),
     "64to64_up2_bm16": (1, 64, 64, 3, 7, 1, 2, True, True, True, True, (16, 4, 2, 16), "cl"),
     "64to64_l1_cached_loads": (1, 64, 64, 6, 5, 1, 1, True, True, True, False, (16, 4, 2, 0, True), "cl"),
+    # TMA kernel (2-D tiles; boxes past the image edges are zero-filled): tiles straddle every edge here
+    "tma_64to64_res": (2, 64, 64, 7, 9, 1, 1, True, True, True, False, (32, 4, 2, 0, False, 8), "cl"),
+    "tma_32to64_up2": (2, 32, 64, 5, 11, 1, 2, False, False, False, False, (16, 4, 2, 0, False, 8), "cl"),
+    "tma_128to160_ntiles": (1, 128, 160, 5, 6, 1, 1, True, True, True, False, (32, 4, 2, 0, False, 16), "cl"),
+    "tma_64to3": (1, 64, 3, 6, 5, 1, 1, True, False, False, False, (64, 4, 2, 0, False, 16), "cl"),
     "nchw_input": (2, 16, 16, 5, 6, 1, 1, True, True, True, False, None, "nchw"),
 }
 
@@ -208,14 +214,20 @@ def _run_case(name: str) -> dict:
     if layout == "nchw":
         x, r = x.contiguous(), None if r is None else r.contiguous()
     args = (x, w, b, r, stride, relu, up, pre_clamp)
-    if cfg is None:
-        y = torch.ops.taesd_fast.conv3x3_tc(*args)
-    else:
-        y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(*cfg))
+    tma_calls = []
+    real_launch = conv_tc_tma.launch
+    conv_tc_tma.launch = lambda *a: tma_calls.append(1) or real_launch(*a)
+    try:
+        if cfg is None:
+            y = torch.ops.taesd_fast.conv3x3_tc(*args)
+        else:
+            y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(*cfg))
+    finally:
+        conv_tc_tma.launch = real_launch
     ref = _reference64(*args)
     out = {"name": name, "nan": bool(y.isnan().any()), "cl": y.is_contiguous(memory_format=CL),
            "shape_ok": tuple(y.shape) == tuple(ref.shape), "err": _rel(y, ref),
-           "torch_err": _rel(_torch_f16(*args), ref)}
+           "torch_err": _rel(_torch_f16(*args), ref), "tma": len(tma_calls)}
     if layout == "nchw":  # converted on the way in: the same bits as the channels_last input
         cl_args = (x.contiguous(memory_format=CL), w, b, None if r is None else r.contiguous(memory_format=CL),
                    *args[4:])
@@ -263,6 +275,7 @@ def test_kernel_interpreted(interpreted, name):
     assert d["err"] <= 2 * d["torch_err"] + 1e-7, f"rel err {d['err']:.3g} > 2 x PyTorch f16 error {d['torch_err']:.3g}"
     if "same_as_cl" in d:
         assert d["same_as_cl"]
+    assert d["tma"] == (1 if name.startswith("tma") else 0), "the TMA kernel runs exactly for tile_w configs"
 
 
 def test_interpreter_really_ran_the_kernel(interpreted):
