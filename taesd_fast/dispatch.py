@@ -578,7 +578,7 @@ def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
 
 
 def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
-    spec = Spec(*key)
+    spec = _spec(key)
     with _lock:
         rec = _decide(spec, mode, args)
         if rec.choice != "torch" and torch.cuda.is_current_stream_capturing():
@@ -591,9 +591,16 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
 
 
 def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> tuple:
-    """Plain-tuple form of Spec (same field order)."""
-    return (kind, str(x.device), tuple(x.shape), tuple(w.shape), x.dtype, int(stride), b is not None,
-            residual is not None, bool(relu), _layout(x), int(upsample), bool(pre_clamp))
+    """Spec's fields as a plain tuple (same order), built on every call: the device and the shapes stay torch
+    objects (hashing a torch.Size equals hashing the tuple); `_spec` converts them on the slow path."""
+    return (kind, x.device, x.shape, w.shape, x.dtype, stride, b is not None, residual is not None, relu, _layout(x),
+            upsample, pre_clamp)
+
+
+def _spec(key: tuple) -> Spec:
+    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp = key
+    return Spec(kind, str(device), tuple(x_shape), tuple(w_shape), dtype, int(stride), bias, residual, bool(relu),
+                layout, int(upsample), bool(pre_clamp))
 
 
 # ------------------------------------------------------------------------------------ contract

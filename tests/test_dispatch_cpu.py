@@ -239,6 +239,7 @@ def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
     dispatch._timings[eager_key] = {"ms": {"torch": 0.010, "tc": 0.020}}  # eager: Triton's launch cost shows
     dispatch._timings[graph_key] = {"ms": {"torch": 0.010, "tc": 0.004}}  # replayed: the kernel is faster
     key = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
+    assert dispatch._spec(key) == spec
     assert dispatch._decide_eager(key, "auto", ()).choice == "torch"
     with dispatch.graph_timing():
         rec = dispatch._decide_eager(key, "auto", ())

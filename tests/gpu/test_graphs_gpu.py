@@ -60,7 +60,7 @@ def test_measure_as_graph_replays_times_every_candidate():
     w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) / 24
     x = torch.randn(1, 64, 32, 32, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     args = (x, w, torch.randn(64, device="cuda", dtype=torch.float16), 1, None, True, 1)
-    spec = dispatch.Spec(*dispatch._key("conv2d", *args))
+    spec = dispatch._spec(dispatch._key("conv2d", *args))
     cands, _ = dispatch._eligible(spec)
     ms, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=True)
     assert not failed and set(ms) == {c.name for c in cands} and all(0 < t < 10 for t in ms.values()), (ms, failed)
