@@ -57,11 +57,10 @@ SHAPES = [
     ("B1 64->3 s1 256^2 b", 1, 64, 3, 256, 256, 1, 1, True, False, False, False),
 ]
 
-TMA = lambda m, tw, w, st: tc.TCConfig(m, w, st, tile_w=tw)  # noqa: E731
-TAP_SWEEP = [TMA(128, 16, 4, 3), TMA(128, 16, 4, 4), TMA(128, 32, 4, 3), TMA(128, 8, 4, 3), TMA(256, 16, 8, 3),
-             TMA(256, 32, 8, 2), TMA(128, 16, 8, 3), TMA(64, 8, 4, 4), TMA(128, 16, 4, 2),
-             tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 4, 3), tc.TCConfig(128, 8, 3),
-             tc.TCConfig(256, 8, 3)]
+TMA = lambda m, tw, w, st, p=0: tc.TCConfig(m, w, st, tile_w=tw, persistent=p)  # noqa: E731
+TAP_SWEEP = [TMA(128, 16, 4, 3, 1), TMA(128, 16, 4, 3, 2), TMA(128, 16, 4, 3, 3), TMA(128, 16, 4, 4, 2),
+             TMA(128, 32, 4, 3, 2), TMA(256, 16, 8, 3, 1), TMA(128, 16, 8, 3, 2),
+             TMA(128, 16, 4, 3), TMA(128, 32, 4, 3), TMA(256, 16, 8, 3), TMA(128, 16, 4, 2), tc.TCConfig(128, 4, 3)]
 SMALL_SWEEP = [TMA(64, 8, 4, 3), TMA(64, 16, 4, 3), TMA(32, 8, 4, 3), TMA(128, 16, 4, 3), tc.TCConfig(32, 4, 3),
                tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 3)]
 FLAT_SWEEP = [tc.TCConfig(64, 4, 2), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 8, 2), tc.TCConfig(256, 8, 2)]

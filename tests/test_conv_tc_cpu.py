@@ -203,6 +203,7 @@ CASES = {
     "tma_32to64_up2": (2, 32, 64, 5, 11, 1, 2, False, False, False, False, (16, 4, 2, 0, False, 8), "cl"),
     "tma_128to160_ntiles": (1, 128, 160, 5, 6, 1, 1, True, True, True, False, (32, 4, 2, 0, False, 16), "cl"),
     "tma_64to3": (1, 64, 3, 6, 5, 1, 1, True, False, False, False, (64, 4, 2, 0, False, 16), "cl"),
+    "tma_persistent_up2": (2, 64, 64, 9, 7, 1, 2, True, True, True, False, (16, 4, 2, 0, False, 8, 1), "cl"),
     "nchw_input": (2, 16, 16, 5, 6, 1, 1, True, True, True, False, None, "nchw"),
 }
 

@@ -263,7 +263,8 @@ class TCConfig:
     cache_a: load the input through L1 (cp.async.ca) instead of L2 only (.cg): the three kx taps of a row read
     almost the same bytes, so L1 hits could cut L2 traffic (measured on the H200: within 5%, run E).
     tile_w > 0: the TMA kernel (conv_tc_tma) on 2-D tiles of (block_m // tile_w) x tile_w pixels, where it applies
-    (stride 1, C_in a multiple of block_k, no pre_clamp, Hopper, 16-byte aligned x); elsewhere the pointer kernel."""
+    (stride 1, C_in a multiple of block_k, no pre_clamp, Hopper, 16-byte aligned x); elsewhere the pointer kernel.
+    persistent > 0 (TMA only): that many programs per SM, each looping over tiles."""
 
     block_m: int = 128
     num_warps: int = 4
@@ -271,10 +272,12 @@ class TCConfig:
     block_k: int = 0
     cache_a: bool = False
     tile_w: int = 0
+    persistent: int = 0
 
     def __str__(self) -> str:
         return (f"M{self.block_m}w{self.num_warps}s{self.num_stages}" + (f"k{self.block_k}" if self.block_k else "")
-                + ("ca" if self.cache_a else "") + (f"t{self.tile_w}" if self.tile_w else ""))
+                + ("ca" if self.cache_a else "") + (f"t{self.tile_w}" if self.tile_w else "")
+                + (f"p{self.persistent}" if self.persistent else ""))
 
 
 # Measured best configs, (C_in, C_out, stride, upsample) -> TCConfig; filled from scripts/bench_conv_tc.py output.
@@ -289,10 +292,14 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
         return tuned
     plan = _plan(c_in, c_out, upsample)
     tiles = lambda bm: -(-m_rows // bm) * plan.phases * (plan.n_pad // plan.block_n)
-    block_m = 128 if tiles(128) >= 2 * _SMS else 64  # small problems: smaller tiles fill the SMs
     num_warps = 8 if plan.block_n >= 128 else 4
-    num_stages = 2 if plan.flat else 3  # flat mode has a single K step: nothing to pipeline
-    return TCConfig(block_m, num_warps, num_stages)
+    if tiles(128) < 2 * _SMS:  # small problems (B=1 previews): smaller tiles fill the SMs; TMA measured no gain
+        return TCConfig(64, num_warps, 2 if plan.flat else 3)
+    if plan.flat:  # a single K step: nothing to pipeline
+        return TCConfig(128, num_warps, 2)
+    # 2-D TMA tiles where they apply (the launcher falls back to the pointer kernel elsewhere): 64->64 at 256^2,
+    # B=64 0.87 vs 0.92-0.97 ms, the upsample fold 0.44 vs 0.54 ms (H200, run F)
+    return TCConfig(128, num_warps, 3, tile_w=16)
 
 
 def _check_config(cfg: TCConfig, plan: _Plan) -> None:

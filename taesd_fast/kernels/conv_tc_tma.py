@@ -43,16 +43,30 @@ def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, ti
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["GH", "GW", "Ho", "Wo", "TILES_Y", "TILES_X"])
+    @triton.jit(do_not_specialize=["GH", "GW", "Ho", "Wo", "TILES_Y", "TILES_X", "NUM_TILES", "NUM_PROGS"])
     def _conv3x3_tc_tma_kernel(
         x_desc, w_ptr, b_ptr, r_ptr, y_ptr,
         GH, GW, Ho, Wo, TILES_Y, TILES_X,  # GH x GW: the grid of output pixels (per phase for the upsample fold)
+        NUM_TILES, NUM_PROGS,  # persistent launches loop over tiles pid, pid + NUM_PROGS, ...
+        C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
+        UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
+        TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PERSISTENT: tl.constexpr,
+    ):
+        # PERSISTENT flattens the tile and K loops into one software pipeline, so the next tile's loads are in
+        # flight during this tile's epilogue (K is only 9 steps: fill and drain are a large part of each tile).
+        for pid in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGS, flatten=PERSISTENT):
+            _tma_tile(x_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X, C_OUT, N_PAD, K_ROWS,
+                      CHUNKS, KS, UPSAMPLE, HAS_BIAS, HAS_RES, RELU, TILE_H, TILE_W, BLOCK_N, BLOCK_K)
+
+    @triton.jit
+    def _tma_tile(
+        x_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X,
         C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
         UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         BLOCK_M: tl.constexpr = TILE_H * TILE_W
-        pid = tl.program_id(0)
         if UPSAMPLE:
             phase = pid % 4  # the 4 phases of one tile are neighbouring programs: they read the same input boxes
             t = pid // 4
@@ -119,12 +133,17 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     tile_h, tile_w = cfg.block_m // cfg.tile_w, cfg.tile_w
     tiles_y, tiles_x = -(-GH // tile_h), -(-GW // tile_w)
     x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, tile_h, tile_w, plan.block_k])
-    grid = (B * tiles_y * tiles_x * plan.phases, plan.n_pad // plan.block_n)
+    tiles = B * tiles_y * tiles_x * plan.phases
+    programs = tiles
+    if cfg.persistent:
+        programs = min(tiles, cfg.persistent * torch.cuda.get_device_properties(x.device).multi_processor_count
+                       if x.is_cuda else 3)  # the interpreter: a few programs, so each loops over several tiles
+    grid = (programs, plan.n_pad // plan.block_n)
     _conv3x3_tc_tma_kernel[grid](
         x_desc, wp, b if b is not None else wp, residual if residual is not None else out, out,
-        GH, GW, Ho, Wo, tiles_y, tiles_x,
+        GH, GW, Ho, Wo, tiles_y, tiles_x, tiles, programs,
         C_OUT=c_out, N_PAD=plan.n_pad, K_ROWS=plan.k_rows, CHUNKS=plan.cin_pad // plan.block_k, KS=plan.ks,
         UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
-        TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, PERSISTENT=bool(cfg.persistent),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

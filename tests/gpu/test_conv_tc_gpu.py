@@ -132,7 +132,8 @@ def test_random_shapes(seed):
 @pytest.mark.parametrize("cfg", [tc.TCConfig(64, 4, 2), tc.TCConfig(256, 8, 3), tc.TCConfig(128, 8, 4),
                                  tc.TCConfig(128, 4, 3, block_k=32), tc.TCConfig(128, 4, 3, cache_a=True),
                                  tc.TCConfig(256, 8, 2, cache_a=True), tc.TCConfig(128, 4, 3, tile_w=16),
-                                 tc.TCConfig(64, 4, 4, tile_w=8), tc.TCConfig(256, 8, 3, tile_w=32)], ids=str)
+                                 tc.TCConfig(64, 4, 4, tile_w=8), tc.TCConfig(256, 8, 3, tile_w=32),
+                                 tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)], ids=str)
 @pytest.mark.parametrize("upsample", [1, 2])
 def test_explicit_configs(cfg, upsample):
     """What the benchmark sweeps must be right too (block_k=32 makes two channel chunks per tap)."""
