@@ -165,7 +165,9 @@ def _cpu_reason(s: Spec) -> str | None:
 
 
 def _tc_candidate() -> Candidate:
-    """The Triton tensor-core conv (kernels/conv_tc.py), imported on first use: importing Triton is slow."""
+    """The Triton tensor-core conv (kernels/conv_tc.py), imported on first use: importing Triton is slow.
+    Calls that a CUDA graph will replay take its TMA kernel (faster on the GPU); eager calls the pointer kernel,
+    whose launch costs less CPU time (measured on the H200: eager TMA launches made eager encode B=16 2x slower)."""
 
     def tc():
         from .kernels import conv_tc
@@ -173,8 +175,8 @@ def _tc_candidate() -> Candidate:
         return conv_tc
 
     return Candidate("tc", "conv2d", lambda s: _cpu_reason(s) or tc().spec_unsupported_reason(s),
-                     lambda *a: tc().run_conv2d(*a),
-                     True, lambda s: tc().spec_ready(s), ("channels_last",), nvrtc=False)
+                     lambda *a: tc().run_conv2d(*a, tma=_graph_timing),
+                     True, lambda s: tc().spec_ready(s, tma=_graph_timing), ("channels_last",), nvrtc=False)
 
 
 def _fused_head_candidate() -> Candidate:

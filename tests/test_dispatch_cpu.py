@@ -247,3 +247,20 @@ def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
     assert dispatch._decided[("auto", False, key)].choice == "torch"
     assert dispatch._decided[("auto", True, key)].choice == "tc"
     assert not dispatch._graph_timing  # the context restores the flag
+
+
+def test_tc_takes_its_tma_kernel_only_for_graph_replays(monkeypatch):
+    """Eager calls get the pointer kernel (cheaper launch); calls timed or captured for a CUDA graph get TMA."""
+    pytest.importorskip("triton")
+    from taesd_fast.kernels import conv_tc
+
+    seen = []
+    monkeypatch.setattr(conv_tc, "run_conv2d", lambda *args, tma: seen.append(tma))
+    monkeypatch.setattr(conv_tc, "spec_ready", lambda spec, tma: seen.append(("ready", tma)))
+    tc = dispatch._by_name("conv2d", "tc")
+    tc.run(None, None, None, 1, None, True, 1, False)
+    tc.ready(None)
+    with dispatch.graph_timing():
+        tc.run(None, None, None, 1, None, True, 1, False)
+        tc.ready(None)
+    assert seen == [False, ("ready", False), True, ("ready", True)]

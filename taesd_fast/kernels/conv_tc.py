@@ -285,8 +285,9 @@ TUNED: dict[tuple, TCConfig] = {}
 _SMS = 132  # H200; only used to avoid launching fewer than ~2 waves of tiles on small problems
 
 
-def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: int) -> TCConfig:
-    """Deterministic pick from the shape (m_rows = output pixels, per phase for the upsample fold)."""
+def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: int, tma: bool = True) -> TCConfig:
+    """Deterministic pick from the shape (m_rows = output pixels, per phase for the upsample fold). tma=False keeps
+    the pointer kernel: a TMA launch costs more CPU time (host tensor-map encoding), which eager calls pay."""
     tuned = TUNED.get((c_in, c_out, stride, upsample))
     if tuned is not None:
         return tuned
@@ -299,7 +300,7 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
         return TCConfig(128, num_warps, 2)
     # 2-D TMA tiles where they apply (the launcher falls back to the pointer kernel elsewhere): 64->64 at 256^2,
     # B=64 0.87 vs 0.92-0.97 ms, the upsample fold 0.44 vs 0.54 ms (H200, run F)
-    return TCConfig(128, num_warps, 3, tile_w=16)
+    return TCConfig(128, num_warps, 3, tile_w=16 if tma else 0)
 
 
 def _check_config(cfg: TCConfig, plan: _Plan) -> None:
@@ -432,13 +433,13 @@ def _compile_key(x_shape, w_shape, stride, upsample, pre_clamp, bias, residual, 
 
 
 def is_ready(x_shape, w_shape, stride: int, upsample: int, pre_clamp: bool, bias: bool, residual: bool, relu: bool,
-             device) -> bool:
+             device, tma: bool = True) -> bool:
     """True once the kernel for this call (with its default config) was launched in this process: no Triton compile
     or module load would happen inside a CUDA-graph capture. (A differently aligned base pointer can still compile.)"""
     B, _, H, W = x_shape
     _, _, Ho, Wo = output_shape(x_shape, w_shape, stride, upsample)
     m_rows = B * (H * W if upsample == 2 else Ho * Wo)
-    cfg = default_config(w_shape[1], w_shape[0], stride, upsample, m_rows)
+    cfg = default_config(w_shape[1], w_shape[0], stride, upsample, m_rows, tma)
     key = _compile_key(x_shape, w_shape, stride, upsample, pre_clamp, bias, residual, relu, cfg)
     return (str(torch.device(device)), key) in _launched
 
@@ -458,9 +459,10 @@ def _as_nhwc(t: Tensor) -> Tensor:
 
 def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
                       upsample: int = 1, pre_clamp: bool = False, config: TCConfig | None = None,
-                      out: Tensor | None = None) -> Tensor:
+                      out: Tensor | None = None, tma: bool = True) -> Tensor:
     """Run the Triton kernel (the op's CUDA body; benchmarks call it with explicit configs). Returns channels_last y.
-    `out`: optional preallocated channels_last output (benchmarks; must not alias the inputs)."""
+    `out`: optional preallocated channels_last output (benchmarks; must not alias the inputs). `tma`: see
+    default_config (used when config is None)."""
     if triton is None:
         raise RuntimeError(f"conv3x3_tc: {_TRITON_ERROR}")
     out_shape = check_conv3x3_tc(x, w, b, residual, stride, upsample)
@@ -469,7 +471,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     _, _, Ho, Wo = out_shape
     GH, GW = (H, W) if upsample == 2 else (Ho, Wo)
     M = B * GH * GW
-    cfg = config or default_config(c_in, c_out, stride, upsample, M)
+    cfg = config or default_config(c_in, c_out, stride, upsample, M, tma)
     plan = _plan(c_in, c_out, upsample, cfg.block_k)
     _check_config(cfg, plan)
     x = _as_nhwc(x)
@@ -539,19 +541,19 @@ def spec_unsupported_reason(spec) -> str | None:
         spec.x_shape, spec.w_shape, spec.dtype, spec.stride, getattr(spec, "upsample", 1))
 
 
-def spec_ready(spec) -> bool:
+def spec_ready(spec, tma: bool = True) -> bool:
     return is_ready(spec.x_shape, spec.w_shape, spec.stride, getattr(spec, "upsample", 1),
-                    getattr(spec, "pre_clamp", False), spec.bias, spec.residual, spec.relu, spec.device)
+                    getattr(spec, "pre_clamp", False), spec.bias, spec.residual, spec.relu, spec.device, tma)
 
 
 def run_conv2d(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-               upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+               upsample: int = 1, pre_clamp: bool = False, tma: bool = True) -> Tensor:
     """dispatch's conv2d candidate signature (x, w, b, stride, residual, relu), plus the two fused prologues.
     Eager calls launch directly: the custom-op layer is what torch.compile needs, and at small sizes its CPU cost
-    per call is more than the kernel's GPU time."""
+    per call is more than the kernel's GPU time. tma=False: the pointer kernel (cheaper to launch; for eager calls)."""
     if torch.compiler.is_compiling() or not x.is_cuda:
         return torch.ops.taesd_fast.conv3x3_tc(x, w, b, residual, stride, relu, upsample, pre_clamp)
-    return conv3x3_tc_launch(x, w, b, residual, stride, relu, upsample, pre_clamp)
+    return conv3x3_tc_launch(x, w, b, residual, stride, relu, upsample, pre_clamp, tma=tma)
 
 
 def flops(x_shape, w_shape, stride: int = 1, upsample: int = 1) -> float:
