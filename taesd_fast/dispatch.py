@@ -2,7 +2,8 @@
 
 Modes (`backend(mode)` / `set_backend(mode)`):
   "auto"    (default) a custom kernel runs only where it was measured faster than PyTorch/cuDNN on
-            this GPU for this exact (shape, dtype, stride, epilogue, layout); timings persist as JSON
+            this GPU for this exact (shape, dtype, stride, epilogue, layout), counting GPU time plus the
+            CPU time of an eager launch (see `measure`); timings persist as JSON
             in the cache dir and are reused. No timing while torch.compile traces or a CUDA graph
             captures: then the cached decision, else PyTorch. Inside `graph_timing()` (entered by
             `graphs.capture` and `CUDAGraphed`) candidates are timed as CUDA-graph replays instead,
@@ -20,6 +21,7 @@ import json
 import os
 import statistics
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -38,6 +40,7 @@ __all__ = [
 
 _MODES = ("auto", "torch", "kernels")
 _mode = "auto"
+_TIMING_METHOD = 2  # in the timings-file key: 2 = graph-replay GPU time (+ eager launch CPU time); 1 = eager events
 _MARGIN = 0.98  # a kernel must beat PyTorch by 2% to be picked: timing noise must not flip choices
 _REPS, _WARMUP = 7, 3
 
@@ -66,7 +69,8 @@ class Spec:
         """Timings-file key; `graph` marks timings taken as CUDA-graph replays."""
         shp = lambda s: "x".join(map(str, s))  # noqa: E731
         flags = "".join(f for f, on in (("b", self.bias), ("r", self.residual), ("R", self.relu)) if on) or "-"
-        return (f"{gpu}|torch{torch.__version__}|src{_backend.sources_hash()}|{self.kind}|x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
+        return (f"{gpu}|torch{torch.__version__}|src{_backend.sources_hash()}|t{_TIMING_METHOD}|{self.kind}|"
+                f"x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
                 f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
                 + ("|graph" if graph else ""))
@@ -414,8 +418,13 @@ def _graphed_calls(fn: Callable[[], object], n: int) -> Callable[[], None]:
 
 
 def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS, graph: bool = False) -> tuple[dict, dict]:
-    """Median ms per candidate with CUDA events on fresh random inputs; interleaved reps so clock
-    drift hits all candidates alike. graph=True times replays of a CUDA graph of the calls. Returns (ms, failures)."""
+    """Median ms per call for each candidate on fresh random inputs; interleaved reps so clock drift hits all
+    candidates alike. Returns (ms, failures).
+
+    GPU time is taken from replays of a CUDA graph of the calls (no launch gaps). graph=True returns that alone: it
+    is what a replay costs. Otherwise the CPU time of launching the call eagerly is added: in a model's chain of
+    layers the CPU launch costs add up (a Triton launch costs ~0.1 ms of CPU on the H200's host), so a kernel
+    that wins on the GPU but costs more to launch only pays off where the GPU saving covers its launch."""
     with torch.inference_mode(False):  # stand-ins must be ordinary tensors even under inference_mode
         fresh = _fresh_args(kind, args)
     ok, failed = [], {}
@@ -427,40 +436,42 @@ def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS, g
             ok.append(c)
         except Exception as e:  # a kernel that cannot build/launch here is simply not a candidate
             failed[c.name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    if not ok:
-        return {}, failed
-    # Iterations per rep so each rep is ~1 ms of work: launch overhead does not dominate.
+    # Calls per rep so each rep is ~1 ms of work: one event pair's resolution does not dominate.
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    iters = {}
-    for c in ok:
+    iters, replay = {}, {}
+    for c in list(ok):
         e0.record()
         c.run(*fresh)
         e1.record()
         e1.synchronize()
         iters[c.name] = max(1, min(50, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
-    batch = {}  # candidate -> one rep's worth of calls
-    for c in list(ok):
-        calls = lambda c=c: [c.run(*fresh) for _ in range(iters[c.name])]  # noqa: E731
-        if graph:
-            try:
-                calls = _graphed_calls(lambda c=c: c.run(*fresh), iters[c.name])
-                calls()
-            except Exception as e:
-                ok.remove(c)
-                failed[c.name] = f"failed in a CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                continue
-        batch[c.name] = calls
+        try:
+            replay[c.name] = _graphed_calls(lambda c=c: c.run(*fresh), iters[c.name])
+            replay[c.name]()
+        except Exception as e:
+            ok.remove(c)
+            failed[c.name] = f"failed in a CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     torch.cuda.synchronize()
     events = {c.name: [] for c in ok}
+    launch_ms = {c.name: [] for c in ok}
     for _ in range(reps):
         for c in ok:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            batch[c.name]()
+            replay[c.name]()
             e.record()
             events[c.name].append((s, e))
-    torch.cuda.synchronize()
-    ms = {n: statistics.median(s.elapsed_time(e) / iters[n] for s, e in ev) for n, ev in events.items()}
+            if not graph:
+                t0 = time.perf_counter()
+                for _ in range(iters[c.name]):
+                    c.run(*fresh)
+                launch_ms[c.name].append((time.perf_counter() - t0) * 1e3 / iters[c.name])
+        torch.cuda.synchronize()  # keeps the launch loops from queueing behind each other's GPU work
+    ms = {}
+    for n, ev in events.items():
+        ms[n] = statistics.median(s.elapsed_time(e) / iters[n] for s, e in ev)
+        if not graph:
+            ms[n] += statistics.median(launch_ms[n])
     return ms, failed
 
 

@@ -56,7 +56,7 @@ def test_capture_times_candidates_as_graph_replays():
     torch.testing.assert_close(preview(latents), eager, rtol=0, atol=1e-3)
 
 
-def test_measure_as_graph_replays_times_every_candidate():
+def test_measure_times_every_candidate_as_replays_and_eager_adds_launch_cost():
     w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) / 24
     x = torch.randn(1, 64, 32, 32, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     args = (x, w, torch.randn(64, device="cuda", dtype=torch.float16), 1, None, True, 1)
@@ -64,3 +64,6 @@ def test_measure_as_graph_replays_times_every_candidate():
     cands, _ = dispatch._eligible(spec)
     ms, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=True)
     assert not failed and set(ms) == {c.name for c in cands} and all(0 < t < 10 for t in ms.values()), (ms, failed)
+    # eager decisions add each call's CPU launch time to its GPU time: never less than the replay alone
+    eager, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=False)
+    assert not failed and set(eager) == set(ms) and all(eager[n] > 0.8 * ms[n] + 0.002 for n in ms), (eager, ms)
