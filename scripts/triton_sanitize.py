@@ -1,4 +1,4 @@
-"""Launch the Triton kernels (tensor-core conv, fused head, norm+SiLU window) on small odd shapes with every
+"""Launch the Triton kernels (tensor-core conv incl. its TMA variant, fused head, norm+SiLU window) on small odd shapes with every
 optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error vs each PyTorch twin."""
 import torch
 
@@ -17,10 +17,14 @@ for cin, cout, H, W, stride, up, clamp in [(64, 64, 19, 21, 1, 1, False), (64, 6
         b = rnd(cout).half() if optional else None
         shape = conv_tc.output_shape(x.shape, w.shape, stride, up)
         r = rnd(*shape).half().contiguous(memory_format=torch.channels_last) if optional else None
-        y = conv_tc.conv3x3_tc_launch(x, w, b, r, stride, optional, up, clamp)
-        torch.cuda.synchronize()
         ref = conv_tc.conv3x3_tc_ref(x, w, b, r, stride, optional, up, clamp)
-        print(f"tc {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: rel err {rel(y, ref):.2e}")
+        tma_ok = stride == 1 and not clamp and cin >= 16  # the TMA variant's cases (tile_w configs)
+        for cfg in [None] + ([conv_tc.TCConfig(64, 4, 3, tile_w=8),
+                              conv_tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)] if tma_ok else []):
+            y = conv_tc.conv3x3_tc_launch(x, w, b, r, stride, optional, up, clamp, config=cfg)
+            torch.cuda.synchronize()
+            print(f"tc {cfg or 'default'} {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: "
+                  f"rel err {rel(y, ref):.2e}")
 for t, with_cache in ((1, False), (3, True)):
     c, h, w_ = 256, 13, 21
     x = rnd(1, c, t, h, w_).bfloat16()
