@@ -662,7 +662,8 @@ def head_full(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bi
 
 def tune(fn: Callable, *args, **kwargs):
     """Run fn(*args) once in auto mode without grad, so every conv it reaches is timed and cached
-    (do this before torch.compile or CUDA-graph capture). Returns fn's output."""
+    (do this before torch.compile). For a CUDA graph you capture yourself, call tune and capture both inside
+    `graph_timing()` (or use graphs.CUDAGraphed, which does). Returns fn's output."""
     with backend("auto"), torch.no_grad():
         return fn(*args, **kwargs)
 
