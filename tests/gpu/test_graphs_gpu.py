@@ -36,10 +36,8 @@ def test_graphed_decode_equals_eager(mode):
 
 
 def test_capture_times_candidates_as_graph_replays():
-    """CUDAGraphed decides its layers from graph-replay timings (every eligible candidate timed), kept apart from
-    the eager decisions, and the replay matches an eager call that uses those decisions."""
-    from taesd_fast.layers import DispatchConv2d
-
+    """CUDAGraphed decides its layers from graph-replay timings (every eligible candidate timed), and the replay
+    matches an eager call that uses those decisions (the CPU tests check they are kept apart from eager ones)."""
     model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
     example = torch.randn(1, 32, 32, 32, device="cuda", dtype=torch.float16)
     preview = CUDAGraphed(model.decode, example)
@@ -48,8 +46,7 @@ def test_capture_times_candidates_as_graph_replays():
     for _, rec in graph_recs:
         if rec.ms:  # a spec with no kernel candidate is not timed
             assert "graph replays" in rec.why and all(t > 0 for t in rec.ms.values()), rec
-    table = dispatch.dispatch_table(model.decoder)
-    assert any(isinstance(m, DispatchConv2d) for m in model.decoder.modules()) and "graph replays" in table
+    assert "graph replays" in dispatch.dispatch_table(model.decoder)
     latents = torch.randn_like(example)
     with torch.no_grad(), dispatch.graph_timing():
         eager = model.decode(latents)
