@@ -158,6 +158,21 @@ def test_default_config_is_deterministic():
     big = tc.default_config(64, 64, 1, 1, 64 * 256 * 256)
     assert big == tc.default_config(64, 64, 1, 1, 64 * 256 * 256) and big.block_m == 128
     assert tc.default_config(64, 64, 1, 1, 2 * 32 * 32).block_m == 64  # too few tiles for 128
+    assert big.tile_w and not tc.default_config(64, 64, 1, 1, 64 * 256 * 256, tma=False).tile_w  # eager: no TMA
+    assert not tc.default_config(4, 64, 1, 1, 64 * 256 * 256).tile_w  # flat mode (C_in < 16) has no TMA variant
+
+
+def test_tma_variant_says_where_it_does_not_apply():
+    """The launcher falls back to the pointer kernel for these; each reason names the limit."""
+    cpu = torch.device("cpu")
+    assert conv_tc_tma.unsupported_reason(64, 1, False, 64, 16, 128, cpu) is None
+    assert "stride 2" in conv_tc_tma.unsupported_reason(64, 2, False, 64, 16, 128, cpu)
+    assert "pre_clamp" in conv_tc_tma.unsupported_reason(64, 1, True, 64, 16, 128, cpu)
+    assert "multiple of block_k" in conv_tc_tma.unsupported_reason(48, 1, False, 64, 16, 128, cpu)
+    assert "tile_w" in conv_tc_tma.unsupported_reason(64, 1, False, 64, 12, 128, cpu)
+    x = torch.empty(2 * 64 * 8 * 8 + 1, dtype=torch.float16)[1:].view(2, 8, 8, 64).permute(0, 3, 1, 2)
+    plan = tc._plan(64, 64, 1)
+    assert "16-byte" in tc._tma_reason(x, 64, 1, False, plan, tc.TCConfig(128, 4, 3, tile_w=16))
 
 
 def test_dispatch_helpers():
