@@ -74,15 +74,21 @@ def unsupported_reason(x_shape, w_shape, dtype, stride: int, variant: str) -> st
     return None
 
 
-def check_conv3x3_f16(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, variant: str):
-    """Validate arguments; raise TypeError/ValueError naming what is wrong and what was expected."""
+def check_f16_operands(op: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
+                       dtype_error: type[Exception] = TypeError) -> None:
+    """The checks every f16 3x3 conv op shares: f16 operands on x's device, x 4-D. Raises naming op and operand."""
     for name, t in (("x", x), ("w", w), ("b", b), ("residual", residual)):
         if t is not None and t.dtype != torch.float16:
-            raise TypeError(f"conv3x3_f16: {name} must be torch.float16, got {t.dtype}")
+            raise dtype_error(f"{op}: {name} must be torch.float16, got {t.dtype}")
         if t is not None and t.device != x.device:
-            raise ValueError(f"conv3x3_f16: {name} is on {t.device} but x is on {x.device}")
+            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
     if x.dim() != 4:
-        raise ValueError(f"conv3x3_f16: x must be 4-D [B, C_in, H, W], got shape {tuple(x.shape)}")
+        raise ValueError(f"{op}: x must be 4-D [B, C_in, H, W], got shape {tuple(x.shape)}")
+
+
+def check_conv3x3_f16(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, variant: str):
+    """Validate arguments; raise TypeError/ValueError naming what is wrong and what was expected."""
+    check_f16_operands("conv3x3_f16", x, w, b, residual)
     reason = unsupported_reason(x.shape, w.shape, x.dtype, stride, variant)
     if reason is not None:
         raise ValueError(f"conv3x3_f16: {reason}")

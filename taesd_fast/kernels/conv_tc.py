@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .conv3x3 import f16_3x3_reason
+from .conv3x3 import check_f16_operands, f16_3x3_reason
 from .derived import derived
 
 try:  # Triton is optional: without it the module still imports and the op runs its PyTorch twin on CPU.
@@ -136,13 +136,7 @@ def unsupported_reason(x_shape, w_shape, dtype, stride: int, upsample: int = 1) 
 def check_conv3x3_tc(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int,
                      upsample: int) -> tuple:
     """Validate arguments; raise ValueError naming what is wrong and what was expected. Returns the output shape."""
-    for name, t in (("x", x), ("w", w), ("b", b), ("residual", residual)):
-        if t is not None and t.dtype != torch.float16:
-            raise ValueError(f"conv3x3_tc: {name} must be torch.float16, got {t.dtype}")
-        if t is not None and t.device != x.device:
-            raise ValueError(f"conv3x3_tc: {name} is on {t.device} but x is on {x.device}")
-    if x.dim() != 4:
-        raise ValueError(f"conv3x3_tc: x must be 4-D [B, C_in, H, W], got shape {tuple(x.shape)}")
+    check_f16_operands("conv3x3_tc", x, w, b, residual, dtype_error=ValueError)
     reason = unsupported_reason(x.shape, w.shape, x.dtype, stride, upsample)
     if reason is not None:
         raise ValueError(f"conv3x3_tc: {reason}")
