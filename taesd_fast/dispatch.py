@@ -171,7 +171,8 @@ def _cpu_reason(s: Spec) -> str | None:
 def _tc_candidate() -> Candidate:
     """The Triton tensor-core conv (kernels/conv_tc.py), imported on first use: importing Triton is slow.
     Calls that a CUDA graph will replay take its TMA kernel (faster on the GPU); eager calls the pointer kernel,
-    whose launch costs less CPU time (measured on the H200: eager TMA launches made eager encode B=16 2x slower)."""
+    whose launch costs less CPU time (H200 host: 95 vs 107 us; eager encode 256² B=16 took 5.6 ms with TMA
+    launches, 2.9 ms without, BENCHMARKS.md)."""
 
     def tc():
         from .kernels import conv_tc
@@ -265,9 +266,9 @@ _graph_timing = False  # see graph_timing(); process-global like the mode
 @contextlib.contextmanager
 def graph_timing():
     """Decide for calls that a CUDA graph will replay: candidates are timed as graph replays, so a launch's CPU
-    cost (Triton's Python launcher, ~10-20 us) counts for nothing, as in the replay. Eager timing would charge it
-    and keep cuDNN on small layers where our kernels are faster on the GPU. Eager calls outside this context keep
-    their own decisions."""
+    cost (a Triton launch: ~0.1 ms on the H200's host) counts for nothing, as in the replay. Eager timing charges
+    it and keeps cuDNN on small layers where our kernels are faster on the GPU. Eager calls outside this context
+    keep their own decisions."""
     global _graph_timing
     prev = _graph_timing
     _graph_timing = True
