@@ -6,7 +6,8 @@ large coordinates), so the conv's zero padding costs no masks and no per-pixel a
 Why (predicted before measuring, H200): the pointer kernel spends its issue slots on per-pixel address and mask
 arithmetic and 16-byte cp.async per thread and runs at 290-360 TFLOP/s on 64->64 convs (run D / run E). One TMA
 copy per tap frees those slots for the MMAs; Triton's TMA matmuls reach 550-650 TFLOP/s at these K. Predicted
-64->64 256^2 B=64: 0.55-0.7 ms (from 0.94-1.06).
+64->64 256^2 B=64: 0.55-0.7 ms (from 0.94-1.06). Measured (run F): 0.83-0.87 ms (356-372 TFLOP/s), the upsample
+fold 0.41-0.44 ms (from 0.54): still every tap reloads its box from L2 (BENCHMARKS.md, "Issue 5 continued").
 
 Covers stride 1 (with or without the upsample fold), C_in a multiple of BLOCK_K (tap mode), no pre_clamp. conv_tc's
 launcher calls `launch` when the config has tile_w > 0; everything else (checks, packing, epilogue semantics) is
