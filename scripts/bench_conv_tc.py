@@ -53,15 +53,17 @@ SHAPES = [
     ("B1 64->64 s1 64^2 b+relu", 1, 64, 64, 64, 64, 1, 1, True, False, True, False),
     ("B1 64->64 s1 128^2 b+relu", 1, 64, 64, 128, 128, 1, 1, True, False, True, False),
     ("B1 64->64 s1 256^2 b+relu", 1, 64, 64, 256, 256, 1, 1, True, False, True, False),
+    ("B1 64->64 s1 1024^2 b+r+relu", 1, 64, 64, 1024, 1024, 1, 1, True, True, True, False),
     ("B1 up2+64->64 64->128^2", 1, 64, 64, 64, 64, 1, 2, False, False, False, False),
     ("B1 64->3 s1 256^2 b", 1, 64, 3, 256, 256, 1, 1, True, False, False, False),
 ]
 
 TMA = lambda m, tw, w, st, p=0: tc.TCConfig(m, w, st, tile_w=tw, persistent=p)  # noqa: E731
-TAP_SWEEP = [TMA(128, 16, 4, 3, 1), TMA(128, 16, 4, 3, 2), TMA(128, 16, 4, 3, 3), TMA(128, 16, 4, 4, 2),
+HALO = lambda hw: tc.TCConfig(128, 4, 3, tile_w=16, halo_w=hw)  # noqa: E731  (falls back to TMA where it can't)
+TAP_SWEEP = [HALO(128), HALO(64), TMA(128, 16, 4, 3, 1), TMA(128, 16, 4, 3, 2), TMA(128, 16, 4, 3, 3), TMA(128, 16, 4, 4, 2),
              TMA(128, 32, 4, 3, 2), TMA(256, 16, 8, 3, 1), TMA(128, 16, 8, 3, 2),
              TMA(128, 16, 4, 3), TMA(128, 32, 4, 3), TMA(256, 16, 8, 3), TMA(128, 16, 4, 2), tc.TCConfig(128, 4, 3)]
-SMALL_SWEEP = [TMA(64, 8, 4, 3), TMA(64, 16, 4, 3), TMA(32, 8, 4, 3), TMA(128, 16, 4, 3), tc.TCConfig(32, 4, 3),
+SMALL_SWEEP = [HALO(128), HALO(64), TMA(64, 8, 4, 3), TMA(64, 16, 4, 3), TMA(32, 8, 4, 3), TMA(128, 16, 4, 3), tc.TCConfig(32, 4, 3),
                tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 3)]
 FLAT_SWEEP = [tc.TCConfig(64, 4, 2), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 8, 2), tc.TCConfig(256, 8, 2)]
 

@@ -258,7 +258,9 @@ class TCConfig:
     almost the same bytes, so L1 hits could cut L2 traffic (measured on the H200: within 5%, run E).
     tile_w > 0: the TMA kernel (conv_tc_tma) on 2-D tiles of (block_m // tile_w) x tile_w pixels, where it applies
     (stride 1, C_in a multiple of block_k, no pre_clamp, Hopper, 16-byte aligned x); elsewhere the pointer kernel.
-    persistent > 0 (TMA only): that many programs per SM, each looping over tiles."""
+    persistent > 0 (TMA only): that many programs per SM, each looping over tiles.
+    halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns, where it applies
+    (64->64, stride 1, no upsample or pre_clamp, sm_90); elsewhere the TMA or pointer kernel as above."""
 
     block_m: int = 128
     num_warps: int = 4
@@ -267,11 +269,12 @@ class TCConfig:
     cache_a: bool = False
     tile_w: int = 0
     persistent: int = 0
+    halo_w: int = 0
 
     def __str__(self) -> str:
         return (f"M{self.block_m}w{self.num_warps}s{self.num_stages}" + (f"k{self.block_k}" if self.block_k else "")
                 + ("ca" if self.cache_a else "") + (f"t{self.tile_w}" if self.tile_w else "")
-                + (f"p{self.persistent}" if self.persistent else ""))
+                + (f"p{self.persistent}" if self.persistent else "") + (f"h{self.halo_w}" if self.halo_w else ""))
 
 
 # Measured best configs, (C_in, C_out, stride, upsample) -> TCConfig; filled from scripts/bench_conv_tc.py output.
@@ -447,6 +450,13 @@ def _tma_reason(x: Tensor, c_in: int, stride: int, pre_clamp: bool, plan: _Plan,
     return conv_tc_tma.unsupported_reason(c_in, stride, pre_clamp, plan.block_k, cfg.tile_w, cfg.block_m, x.device)
 
 
+def _halo_reason(x: Tensor, c_in: int, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+    """Why this call cannot take the row-streaming kernel (then the TMA or pointer kernel runs), or None."""
+    from . import conv_halo
+
+    return conv_halo.unsupported_reason(x, c_in, c_out, stride, upsample, pre_clamp)
+
+
 def _as_nhwc(t: Tensor) -> Tensor:
     return t.contiguous(memory_format=torch.channels_last)  # no-op when it already is
 
@@ -479,11 +489,16 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     if POISON_OUTPUT:
         out.fill_(float("nan"))
     grid = (-(-M // cfg.block_m) * plan.phases, plan.n_pad // plan.block_n)
-    tma = cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
+    halo = cfg.halo_w and _halo_reason(x, c_in, c_out, stride, upsample, pre_clamp) is None
+    tma = not halo and cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
     # Launch on x's device (current stream); entering a device context costs CPU time, so only when it differs.
     other_device = x.is_cuda and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if other_device else contextlib.nullcontext():
-        if tma:
+        if halo:
+            from . import conv_halo
+
+            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w)
+        elif tma:
             from . import conv_tc_tma
 
             conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg)
