@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast.kernels import conv_tc as tc
-from taesd_fast.kernels import conv_tc_tma
+from taesd_fast.kernels import conv_halo, conv_tc_tma
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
@@ -160,6 +160,48 @@ def test_default_config_is_deterministic():
     assert tc.default_config(64, 64, 1, 1, 2 * 32 * 32).block_m == 64  # too few tiles for 128
     assert big.tile_w and not tc.default_config(64, 64, 1, 1, 64 * 256 * 256, tma=False).tile_w  # eager: no TMA
     assert not tc.default_config(4, 64, 1, 1, 64 * 256 * 256).tile_w  # flat mode (C_in < 16) has no TMA variant
+
+
+def test_default_config_takes_the_row_streaming_kernel_for_64_to_64_and_64_to_3():
+    big = 64 * 256 * 256
+    assert tc.default_config(64, 64, 1, 1, big).halo_w == 128
+    assert tc.default_config(64, 3, 1, 1, big).halo_w == 128
+    assert tc.default_config(64, 64, 1, 1, big).tile_w == 16  # its fallback where it cannot run
+    assert not tc.default_config(64, 64, 1, 1, big, tma=False).halo_w  # eager calls: the cheaper-to-launch kernel
+    assert not tc.default_config(64, 64, 1, 2, big // 4).halo_w  # upsample fold
+    assert not tc.default_config(64, 64, 2, 1, big // 4).halo_w
+    assert not tc.default_config(32, 64, 1, 1, big).halo_w
+    assert not tc.default_config(64, 32, 1, 1, big).halo_w
+    assert not tc.default_config(64, 64, 1, 1, 2 * 32 * 32).halo_w  # small problems keep 64-row pointer tiles
+
+
+def test_row_streaming_kernel_says_where_it_does_not_apply():
+    """conv_tc's launcher falls back to the TMA or pointer kernel for these; each reason names the limit."""
+    x = torch.empty(2, 64, 8, 128, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+
+    def reason(x=x, c_out=64, stride=1, upsample=1, pre_clamp=False, residual=False):
+        return conv_halo.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
+
+    if conv_halo._GLUON_ERROR is not None:  # an older Triton: the kernel is never taken, and says so
+        assert "Gluon" in reason()
+        return
+    assert "32->64" in reason(x=x[:, :32].contiguous(memory_format=torch.channels_last))
+    assert "64->32" in reason(c_out=32)
+    assert "with a residual" in reason(c_out=3, residual=True)
+    assert "stride 2" in reason(stride=2) and "stride 2" in reason(upsample=2) and "pre_clamp" in reason(pre_clamp=True)
+    assert "W=32" in reason(x=x[..., :32])
+    assert "sm_90" in reason() and "sm_90" in reason(c_out=3)  # everything else fits: this machine has no GPU
+
+
+@pytest.mark.parametrize("B,H,strips", [(64, 256, 2), (64, 128, 1), (1, 1024, 8), (1, 512, 4), (16, 128, 1),
+                                        (1, 1, 1), (3, 37, 1)])
+def test_row_streaming_programs_fill_the_gpu(B, H, strips):
+    rows = conv_halo._rows_per_program(B, H, strips, 132)
+    programs = B * strips * -(-H // rows)
+    assert 1 <= rows <= H
+    assert programs <= 132 or rows <= 8  # one wave, unless chunks would get so short that halo rows dominate
+    if B * strips >= 132:
+        assert rows == H  # the GPU is full with whole columns: no chunk re-reads halo rows
 
 
 def test_tma_variant_says_where_it_does_not_apply():

@@ -17,13 +17,14 @@ per program, and every A fragment is read from shared memory once for three MMAs
 Predicted (written before it ran; H200): MMA-bound at N=64, 70-80% of the 689 TFLOP/s ceiling: 64->64 256^2 B=64
 0.55-0.65 ms (from 0.83-0.87 with conv_tc_tma).
 
-Covers C_in = C_out = 64, stride 1, no upsample, no pre_clamp, sm_90+ with Gluon; conv_tc does the checks, the
-weight packing (rows tap * 64 + c_in, 64 columns) and the epilogue semantics.
+Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
+stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. conv_tc does the checks, the weight packing
+(rows tap * 64 + c_in) and the epilogue semantics.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 from torch import Tensor
@@ -41,16 +42,22 @@ except Exception as e:  # older Triton without Gluon's Hopper API, or no Triton 
     _GLUON_ERROR = f"Gluon (Triton's Hopper API) not importable ({type(e).__name__}: {e})"
 
 C = 64  # channels in and out
-STAGES = 2  # input rows in flight (shared memory: weights 72 KB + STAGES x (3 + residual) boxes)
+STAGES = 2  # input rows in flight for 64->64 (shared memory: weights 72 KB + STAGES x (3 + residual) boxes of 16 KB)
 
 
-def unsupported_reason(x: Tensor, c_in: int, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
+                       residual: bool) -> str | None:
+    """Why conv_tc's launcher cannot hand this call to the row-streaming kernel (it then takes another), or None."""
     if _GLUON_ERROR is not None:
         return _GLUON_ERROR
-    if c_in != C or c_out != C:
-        return f"{c_in}->{c_out} channels (the row-streaming kernel is for {C}->{C})"
+    c_in, W = x.shape[1], x.shape[3]
+    if c_in != C or not (c_out == C or (c_out <= 16 and not residual)):
+        return (f"{c_in}->{c_out} channels{' with a residual' if residual else ''} (the row-streaming kernel does "
+                f"{C}->{C}, and {C}->16 or fewer without a residual)")
     if stride != 1 or upsample != 1 or pre_clamp:
         return "stride 2, the upsample fold or pre_clamp (the row-streaming kernel does plain stride-1 convs)"
+    if W < 64:
+        return f"W={W} (< 64: strips of 64 columns would be mostly padding)"
     if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
         return "needs an sm_90 GPU (wgmma)"
     if x.data_ptr() % 16:
@@ -74,9 +81,9 @@ if gluon is not None:
             tma.async_copy_global_to_shared(r_desc, [img, row - 1, col0, 0], bar, r_smem.index(stage), pred=pred)
 
     @gluon.jit
-    def _halo_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, H, ROWS, CHUNKS, STRIPS,
-                          HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
-                          BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
+    def _halo_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, y_ptr, H, W, ROWS, CHUNKS, STRIPS,
+                          C_OUT: gl.constexpr, N_PAD: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
+                          RELU: gl.constexpr, BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
         pid = gl.program_id(0)
         strip = pid % STRIPS
         t = pid // STRIPS
@@ -89,56 +96,62 @@ if gluon is not None:
         n_groups = (r_end - r0 + 4) // 3
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, 64, 16])
+                                                      instr_shape=[16, N_PAD, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
 
         x_smem = gl.allocate_shared_memory(gl.float16, [NUM_STAGES * 3, 1, 1, BLOCK_W, 64], x_desc.layout)
-        w_smem = gl.allocate_shared_memory(gl.float16, [9, 64, 64], w_desc.layout)
-        o_smem = gl.allocate_shared_memory(gl.float16, [1, 1, BLOCK_W, 64], y_desc.layout)
+        w_smem = gl.allocate_shared_memory(gl.float16, [9, 64, N_PAD], w_desc.layout)
+        if C_OUT == 64:  # full rows leave through TMA stores; narrow outputs (64->3) through masked stores
+            o_smem = gl.allocate_shared_memory(gl.float16, [1, 1, BLOCK_W, 64], y_desc.layout)
+        else:
+            o_smem = w_smem  # never written
         if HAS_RES:
             r_smem = gl.allocate_shared_memory(gl.float16, [NUM_STAGES, 1, 1, BLOCK_W, 64], r_desc.layout)
         else:
-            r_smem = o_smem  # never read
+            r_smem = w_smem  # never read
         bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES + 1, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
 
         w_bar = bars.index(NUM_STAGES)
-        mbarrier.expect(w_bar, 9 * 64 * 64 * 2)
+        mbarrier.expect(w_bar, 9 * 64 * N_PAD * 2)
         for tap in gl.static_range(9):
             tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))
         for s in gl.static_range(NUM_STAGES):
             _load_row(x_desc, r_desc, x_smem, r_smem, bars.index(s), s, img, r0 - 1 + s, col0, True,
                       HAS_RES, BLOCK_W)
 
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, mma))
+        cols = gl.arange(0, N_PAD, layout=gl.SliceLayout(0, mma))
         if HAS_BIAS:
-            bias = gl.load(b_ptr + cols).to(gl.float32)
-        acc0 = gl.zeros([BLOCK_W, 64], gl.float32, mma)
-        acc1 = gl.zeros([BLOCK_W, 64], gl.float32, mma)
-        acc2 = gl.zeros([BLOCK_W, 64], gl.float32, mma)
+            bias = gl.load(b_ptr + cols, mask=cols < C_OUT, other=0.0).to(gl.float32)
+        else:
+            bias = cols  # unused
+        acc0 = gl.zeros([BLOCK_W, N_PAD], gl.float32, mma)
+        acc1 = gl.zeros([BLOCK_W, N_PAD], gl.float32, mma)
+        acc2 = gl.zeros([BLOCK_W, N_PAD], gl.float32, mma)
         mbarrier.wait(w_bar, 0)
 
         for g in range(n_groups):
             # Step i = 3g + k reads input row j = r0 - 1 + i; output row r lives in accumulator (r - r0 + 1) % 3, so
             # row j+1 (first contribution) is in acc (k+1)%3, row j in acc k, row j-1 (completes) in acc (k+2)%3.
             acc1, acc0, acc2 = _row_step(3 * g + 0, acc1, acc0, acc2, x_desc, r_desc, y_desc, x_smem, r_smem,
-                                         w_smem, o_smem, bars, bias if HAS_BIAS else cols, img, r0, r_end, col0,
-                                         n_groups, dot_a, mma, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
+                                         w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
+                                         dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
             acc2, acc1, acc0 = _row_step(3 * g + 1, acc2, acc1, acc0, x_desc, r_desc, y_desc, x_smem, r_smem,
-                                         w_smem, o_smem, bars, bias if HAS_BIAS else cols, img, r0, r_end, col0,
-                                         n_groups, dot_a, mma, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
+                                         w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
+                                         dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
             acc0, acc2, acc1 = _row_step(3 * g + 2, acc0, acc2, acc1, x_desc, r_desc, y_desc, x_smem, r_smem,
-                                         w_smem, o_smem, bars, bias if HAS_BIAS else cols, img, r0, r_end, col0,
-                                         n_groups, dot_a, mma, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
+                                         w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
+                                         dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
         tma.store_wait(0)
         for i in gl.static_range(NUM_STAGES + 1):
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
     def _row_step(i, acc_next, acc_cur, acc_done, x_desc, r_desc, y_desc, x_smem, r_smem, w_smem, o_smem, bars, bias,
-                  img, r0, r_end, col0, n_groups, dot_a: gl.constexpr, mma: gl.constexpr, HAS_BIAS: gl.constexpr,
-                  HAS_RES: gl.constexpr, RELU: gl.constexpr, BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
+                  y_ptr, img, r0, r_end, col0, H, W, n_groups, dot_a: gl.constexpr, mma: gl.constexpr,
+                  C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                  BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
         stage = i % NUM_STAGES
         bar = bars.index(stage)
         mbarrier.wait(bar, (i // NUM_STAGES) & 1)
@@ -172,13 +185,21 @@ if gluon is not None:
         if RELU:
             out = gl.maximum(out, 0.0)
         row = r0 - 2 + i
-        tma.store_wait(0)
-        gl.thread_barrier()  # the previous row's store has left o_smem
-        o_smem.reshape([BLOCK_W, 64]).store(out.to(gl.float16))
-        fence_async_shared()
-        gl.thread_barrier()
-        if (row >= r0) & (row < r_end):
-            tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], o_smem)
+        row_ok = (row >= r0) & (row < r_end)
+        if C_OUT == 64:
+            tma.store_wait(0)
+            gl.thread_barrier()  # the previous row's store has left o_smem
+            o_smem.reshape([BLOCK_W, 64]).store(out.to(gl.float16))
+            fence_async_shared()
+            gl.thread_barrier()
+            if row_ok:
+                tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], o_smem)
+        else:
+            px = col0 + gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, mma))
+            n = gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, mma))
+            offs = ((img * H + row).to(gl.int64) * W + px)[:, None] * C_OUT + n[None, :]
+            mask = ((px < W)[:, None] & (n < C_OUT)[None, :]) & row_ok
+            gl.store(y_ptr + offs, out.to(gl.float16), mask=mask)
         acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])
         return acc_next, acc_cur, acc_done
 
@@ -196,25 +217,38 @@ def _rows_per_program(B: int, H: int, strips: int, sms: int) -> int:
     return best[1]
 
 
+def _nhwc_desc(t: Tensor, block: list, layout) -> "TensorDescriptor":
+    """A TMA descriptor over channels_last t [B, C, H, W] seen as NHWC, with dense strides spelled out (torch may
+    give size-1 dimensions any stride, which TMA's 16-byte stride rule would reject)."""
+    B, c, H, W = t.shape
+    return TensorDescriptor(t, [B, H, W, c], [H * W * c, W * c, c, 1], block, layout)
+
+
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
            block_w: int = 128) -> None:
-    """x, residual, out: channels_last f16 [B, 64, H, W]; wp: conv_tc's packed weight [576, 64] (tap-major rows)."""
+    """x, residual, out: channels_last f16 [B, C, H, W] (C = 64; out may have fewer channels); wp: conv_tc's packed
+    weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs)."""
     B, _, H, W = x.shape
+    c_out, n_pad = out.shape[1], wp.shape[-1]
+    if W <= 64:
+        block_w = 64  # one warpgroup: a wider strip would be half padding
     act_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     box = [1, 1, block_w, C]
-    x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), box, act_layout)
-    y_desc = TensorDescriptor.from_tensor(out.permute(0, 2, 3, 1), box, act_layout)
-    r_desc = TensorDescriptor.from_tensor(residual.permute(0, 2, 3, 1), box, act_layout) if residual is not None \
-        else y_desc
-    w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, C), [C, C],
-                                          gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+    x_desc = _nhwc_desc(x, box, act_layout)
+    y_desc = _nhwc_desc(out, box, act_layout) if c_out == C else x_desc  # narrow outputs use plain stores
+    r_desc = _nhwc_desc(residual, box, act_layout) if residual is not None else x_desc
+    w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, n_pad), [C, n_pad],
+                                          gl.NVMMASharedLayout.get_default_for([C, n_pad], gl.float16))
     strips = -(-W // block_w)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    rows = _rows_per_program(B, H, strips, sms)
+    rows = _rows_per_program(B, H, strips, _sm_count(x.device))
     chunks = -(-H // rows)
-    grid = (B * chunks * strips,)
-    _halo_conv_kernel[grid](
-        x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, H, rows, chunks, strips,
-        HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), BLOCK_W=block_w,
-        NUM_STAGES=STAGES, num_warps=block_w // 16,
+    _halo_conv_kernel[(B * chunks * strips,)](
+        x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
+        C_OUT=c_out, N_PAD=n_pad, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
+        BLOCK_W=block_w, NUM_STAGES=STAGES if n_pad == C else 3, num_warps=block_w // 16,
     )
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -259,8 +259,9 @@ class TCConfig:
     tile_w > 0: the TMA kernel (conv_tc_tma) on 2-D tiles of (block_m // tile_w) x tile_w pixels, where it applies
     (stride 1, C_in a multiple of block_k, no pre_clamp, Hopper, 16-byte aligned x); elsewhere the pointer kernel.
     persistent > 0 (TMA only): that many programs per SM, each looping over tiles.
-    halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns, where it applies
-    (64->64, stride 1, no upsample or pre_clamp, sm_90); elsewhere the TMA or pointer kernel as above."""
+    halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns (64 where W <= 64),
+    where it applies (64->64 or 64->3, stride 1, no upsample or pre_clamp, W >= 64, sm_90); elsewhere the TMA or
+    pointer kernel as above."""
 
     block_m: int = 128
     num_warps: int = 4
@@ -296,8 +297,11 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
     if plan.flat:  # a single K step: nothing to pipeline
         return TCConfig(128, num_warps, 2)
     # 2-D TMA tiles where they apply (the launcher falls back to the pointer kernel elsewhere): 64->64 at 256^2,
-    # B=64 0.87 vs 0.92-0.97 ms, the upsample fold 0.44 vs 0.54 ms (H200, run F)
-    return TCConfig(128, num_warps, 3, tile_w=16 if tma else 0)
+    # B=64 0.87 vs 0.92-0.97 ms, the upsample fold 0.44 vs 0.54 ms (H200, run F). Before them, the row-streaming
+    # kernel for 64->64 and 64->3 (falls back to TMA where it cannot run): 64->64 256^2 B=64 0.60 vs 0.87 ms,
+    # 128^2 0.135 vs 0.20, 1024^2 B=1 0.156 vs 0.23 (run K).
+    halo = tma and c_in == 64 and (c_out == 64 or c_out <= 16) and stride == 1 and upsample == 1
+    return TCConfig(128, num_warps, 3, tile_w=16 if tma else 0, halo_w=128 if halo else 0)
 
 
 def _check_config(cfg: TCConfig, plan: _Plan) -> None:
@@ -450,11 +454,11 @@ def _tma_reason(x: Tensor, c_in: int, stride: int, pre_clamp: bool, plan: _Plan,
     return conv_tc_tma.unsupported_reason(c_in, stride, pre_clamp, plan.block_k, cfg.tile_w, cfg.block_m, x.device)
 
 
-def _halo_reason(x: Tensor, c_in: int, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+def _halo_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool, residual: bool) -> str | None:
     """Why this call cannot take the row-streaming kernel (then the TMA or pointer kernel runs), or None."""
     from . import conv_halo
 
-    return conv_halo.unsupported_reason(x, c_in, c_out, stride, upsample, pre_clamp)
+    return conv_halo.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
 
 
 def _as_nhwc(t: Tensor) -> Tensor:
@@ -489,7 +493,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     if POISON_OUTPUT:
         out.fill_(float("nan"))
     grid = (-(-M // cfg.block_m) * plan.phases, plan.n_pad // plan.block_n)
-    halo = cfg.halo_w and _halo_reason(x, c_in, c_out, stride, upsample, pre_clamp) is None
+    halo = cfg.halo_w and _halo_reason(x, c_out, stride, upsample, pre_clamp, residual is not None) is None
     tma = not halo and cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
     # Launch on x's device (current stream); entering a device context costs CPU time, so only when it differs.
     other_device = x.is_cuda and x.device.index != torch.cuda.current_device()

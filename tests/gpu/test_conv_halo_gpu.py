@@ -44,11 +44,11 @@ def launches(monkeypatch):
     return calls
 
 
-def _make(B, H, W, bias, residual, gen):
+def _make(B, H, W, bias, residual, gen, cout=64):
     x = torch.randn(B, 64, H, W, generator=gen, device="cuda").half().contiguous(memory_format=CL)
-    w = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
-    b = (torch.randn(64, generator=gen, device="cuda") * 0.5).half() if bias else None
-    r = torch.randn(B, 64, H, W, generator=gen, device="cuda").half().contiguous(memory_format=CL) if residual else None
+    w = (torch.randn(cout, 64, 3, 3, generator=gen, device="cuda") / 24).half()
+    b = (torch.randn(cout, generator=gen, device="cuda") * 0.5).half() if bias else None
+    r = torch.randn(B, cout, H, W, generator=gen, device="cuda").half().contiguous(memory_format=CL) if residual else None
     return x, w, b, r
 
 
@@ -65,9 +65,9 @@ def _assert_close(y, args):
     assert err <= 2 * torch_err + 1e-7, f"rel err {err:.3g} > 2 x cuDNN f16 error {torch_err:.3g}"
 
 
-def _check(B, H, W, bias, residual, relu, halo_w, seed, launches):
+def _check(B, H, W, bias, residual, relu, halo_w, seed, launches, cout=64):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    x, w, b, r = _make(B, H, W, bias, residual, gen)
+    x, w, b, r = _make(B, H, W, bias, residual, gen, cout)
     args = (x, w, b, r, 1, relu, 1, False)
     y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(128, 4, 3, tile_w=16, halo_w=halo_w))
     assert launches, "the row-streaming kernel did not run"
@@ -80,13 +80,33 @@ def test_epilogues(bias, residual, relu, halo_w, launches):
     _check(2, 21, 150, bias, residual, relu, halo_w, seed=int(bias) + 2 * residual + 4 * relu, launches=launches)
 
 
-@pytest.mark.parametrize("B,H,W,rows", [(1, 1, 1, None), (1, 2, 64, None), (3, 37, 45, 5), (2, 64, 128, 7),
-                                        (1, 40, 300, 3), (2, 9, 200, 1), (1, 130, 70, None), (5, 16, 16, None)])
+@pytest.mark.parametrize("B,H,W,rows", [(1, 1, 64, None), (1, 2, 64, None), (3, 37, 45, 5), (2, 64, 128, 7),
+                                        (1, 40, 300, 3), (2, 9, 200, 1), (1, 130, 70, None), (5, 16, 64, None)])
 @pytest.mark.parametrize("halo_w", [64, 128])
 def test_shapes_and_row_chunks(B, H, W, rows, halo_w, launches, monkeypatch):
     if rows is not None:
         monkeypatch.setattr(conv_halo, "_rows_per_program", lambda *a: rows)
     _check(B, H, W, True, True, True, halo_w, seed=B * 1000 + H * 10 + W, launches=launches)
+
+
+@pytest.mark.parametrize("cout", [3, 16])
+@pytest.mark.parametrize("B,H,W,rows", [(2, 21, 150, None), (1, 40, 300, 3), (3, 9, 64, 2)])
+def test_narrow_outputs(cout, B, H, W, rows, launches, monkeypatch):
+    """64->3 (the decoder's last conv): N padded to 16, masked stores instead of TMA stores."""
+    if rows is not None:
+        monkeypatch.setattr(conv_halo, "_rows_per_program", lambda *a: rows)
+    _check(B, H, W, True, False, cout == 16, 128, seed=cout + H, launches=launches, cout=cout)
+
+
+@pytest.mark.parametrize("W,cout,residual", [(32, 64, True), (1, 64, False), (63, 3, False), (100, 3, True)])
+def test_falls_back_where_it_does_not_apply(W, cout, residual, launches):
+    """Narrow images and 64->3 with a residual take the TMA / pointer kernel, with the same results."""
+    gen = torch.Generator(device="cuda").manual_seed(W)
+    x, w, b, r = _make(2, 7, W, True, residual, gen, cout)
+    args = (x, w, b, r, 1, True, 1, False)
+    y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128))
+    assert not launches
+    _assert_close(y, args)
 
 
 def test_graph_capture_replays_new_inputs(launches):
