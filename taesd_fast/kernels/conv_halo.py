@@ -83,7 +83,7 @@ if gluon is not None:
     @gluon.jit
     def _halo_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, y_ptr, H, W, ROWS, CHUNKS, STRIPS,
                           C_OUT: gl.constexpr, N_PAD: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                          RELU: gl.constexpr, BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
+                          RELU: gl.constexpr, BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr, PDL: gl.constexpr):
         pid = gl.program_id(0)
         strip = pid % STRIPS
         t = pid // STRIPS
@@ -117,6 +117,10 @@ if gluon is not None:
         mbarrier.expect(w_bar, 9 * 64 * N_PAD * 2)
         for tap in gl.static_range(9):
             tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))
+        if PDL:  # see conv_tc.pdl_args: the weights load while the previous kernel drains; activations wait for it
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
         for s in gl.static_range(NUM_STAGES):
             _load_row(x_desc, r_desc, x_smem, r_smem, bars.index(s), s, img, r0 - 1 + s, col0, True,
                       HAS_RES, BLOCK_W)
@@ -225,9 +229,9 @@ def _nhwc_desc(t: Tensor, block: list, layout) -> "TensorDescriptor":
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
-           block_w: int = 128) -> None:
+           block_w: int = 128, pdl: dict | None = None) -> None:
     """x, residual, out: channels_last f16 [B, C, H, W] (C = 64; out may have fewer channels); wp: conv_tc's packed
-    weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs)."""
+    weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs); pdl: conv_tc.pdl_args(x)."""
     B, _, H, W = x.shape
     c_out, n_pad = out.shape[1], wp.shape[-1]
     if W <= 64:
@@ -245,7 +249,7 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     _halo_conv_kernel[(B * chunks * strips,)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
         C_OUT=c_out, N_PAD=n_pad, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
-        BLOCK_W=block_w, NUM_STAGES=STAGES if n_pad == C else 3, num_warps=block_w // 16,
+        BLOCK_W=block_w, NUM_STAGES=STAGES if n_pad == C else 3, num_warps=block_w // 16, **(pdl or {"PDL": False}),
     )
 
 

@@ -63,6 +63,7 @@ from .derived import derived
 try:  # Triton is optional: without it the module still imports and the op runs its PyTorch twin on CPU.
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     _TRITON_ERROR: str | None = None
 except Exception as e:  # ImportError, or a broken install raising something else
@@ -323,6 +324,14 @@ if triton is not None:
         return tl.where(af < 0, -t, t).to(tl.float16)
 
     @triton.jit
+    def _pdl_start(PDL: tl.constexpr):
+        # Programmatic dependent launch: this kernel may start while the previous one drains. Wait for its writes
+        # before touching any activation, then let the next kernel begin launching (it waits the same way).
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
     def _load_input(ptrs, mask, CACHE_A: tl.constexpr):
         if CACHE_A:
             return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".ca")
@@ -336,7 +345,9 @@ if triton is not None:
         CHUNKS: tl.constexpr, KS: tl.constexpr, STRIDE: tl.constexpr, UPSAMPLE: tl.constexpr, FLAT: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr, PRE_CLAMP: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CACHE_A: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        _pdl_start(PDL)
         pid = tl.program_id(0)
         if UPSAMPLE:
             # The 4 phases of one tile are neighbouring programs: they read the same low-res rows, so L2 serves them.
@@ -461,6 +472,23 @@ def _halo_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: b
     return conv_halo.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
 
 
+PDL = True  # launch with programmatic dependent launch where the GPU has it (sm_90+); benchmarks toggle it
+
+
+def pdl_args(x: Tensor) -> dict:
+    """Launch arguments for programmatic dependent launch: on sm_90+, each conv kernel may start while the one before
+    it drains (every conv kernel waits for its predecessor's writes before it reads an activation). Saves part of
+    each launch gap when many small kernels run back to back, as in a B=1 decode replayed from a CUDA graph."""
+    if PDL and x.is_cuda and not _interpreting() and _capability(x.device) >= 9:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
 def _as_nhwc(t: Tensor) -> Tensor:
     return t.contiguous(memory_format=torch.channels_last)  # no-op when it already is
 
@@ -501,11 +529,11 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
         if halo:
             from . import conv_halo
 
-            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w)
+            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w, pdl_args(x))
         elif tma:
             from . import conv_tc_tma
 
-            conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg)
+            conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg, pdl_args(x))
         else:
             _conv3x3_tc_kernel[grid](
                 x, wp, b if b is not None else wp, residual if residual is not None else out, out,
@@ -514,7 +542,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
                 KS=plan.ks, STRIDE=stride, UPSAMPLE=upsample == 2, FLAT=plan.flat,
                 HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), PRE_CLAMP=bool(pre_clamp),
                 BLOCK_M=cfg.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, CACHE_A=cfg.cache_a,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x),
             )
     _launched.add((str(x.device), _compile_key(x.shape, w.shape, stride, upsample, pre_clamp, b is not None,
                                                residual is not None, relu, cfg)))

@@ -23,6 +23,8 @@ try:
     import triton
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from .conv_tc import _pdl_start
 except Exception:  # conv_tc reports Triton's absence; this module is only imported once Triton ran
     triton = tl = TensorDescriptor = None
 
@@ -52,8 +54,9 @@ if triton is not None:
         C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
         UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PERSISTENT: tl.constexpr,
+        PERSISTENT: tl.constexpr, PDL: tl.constexpr,
     ):
+        _pdl_start(PDL)
         # PERSISTENT flattens the tile and K loops into one software pipeline, so the next tile's loads are in
         # flight during this tile's epilogue (K is only 9 steps: fill and drain are a large part of each tile).
         for pid in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGS, flatten=PERSISTENT):
@@ -125,8 +128,9 @@ if triton is not None:
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool, upsample: int,
-           plan, cfg) -> None:
-    """x, residual, out: channels_last f16; wp: conv_tc's packed weight for `plan`; cfg: a TCConfig with tile_w."""
+           plan, cfg, pdl: dict) -> None:
+    """x, residual, out: channels_last f16; wp: conv_tc's packed weight for `plan`; cfg: a TCConfig with tile_w;
+    pdl: conv_tc.pdl_args(x)."""
     B, c_in, H, W = x.shape
     c_out = out.shape[1]
     Ho, Wo = out.shape[2], out.shape[3]
@@ -146,5 +150,5 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
         C_OUT=c_out, N_PAD=plan.n_pad, K_ROWS=plan.k_rows, CHUNKS=plan.cin_pad // plan.block_k, KS=plan.ks,
         UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
         TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, PERSISTENT=bool(cfg.persistent),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )

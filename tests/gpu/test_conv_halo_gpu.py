@@ -19,7 +19,7 @@ from taesd_fast.kernels import conv_tc as tc
 CL = torch.channels_last
 
 _REASON = "CUDA is not available" if not torch.cuda.is_available() else conv_halo.unsupported_reason(
-    torch.empty(1, 64, 1, 1, device="cuda", dtype=torch.float16), 64, 64, 1, 1, False)
+    torch.empty(1, 64, 1, 64, device="cuda", dtype=torch.float16), 64, 1, 1, False, False)
 pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=f"row-streaming conv unavailable: {_REASON}"),
     pytest.mark.usefixtures("no_tf32"),
