@@ -1,8 +1,9 @@
-"""Launch the Triton kernels (tensor-core conv incl. its TMA variant, fused head, norm+SiLU window) on small odd shapes with every
-optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error vs each PyTorch twin."""
+"""Launch the Triton kernels (tensor-core conv incl. its TMA and row-streaming variants, fused head, norm+SiLU window)
+on small odd shapes with every optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error
+vs each PyTorch twin."""
 import torch
 
-from taesd_fast.kernels import conv_tc, head_act, head_fused
+from taesd_fast.kernels import conv_halo, conv_tc, head_act, head_fused
 from taesd_fast.kernels import head as hk
 
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -10,7 +11,8 @@ rnd = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
 rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
 for cin, cout, H, W, stride, up, clamp in [(64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False),
                                             (64, 64, 9, 11, 1, 2, False), (3, 64, 17, 9, 1, 1, False),
-                                            (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False)]:
+                                            (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False),
+                                            (64, 64, 7, 70, 1, 1, False), (64, 3, 5, 130, 1, 1, False)]:
     for optional in (True, False):
         x = rnd(2, cin, H, W).half().contiguous(memory_format=torch.channels_last)
         w = (rnd(cout, cin, 3, 3) / (9 * cin) ** 0.5).half()
@@ -19,10 +21,16 @@ for cin, cout, H, W, stride, up, clamp in [(64, 64, 19, 21, 1, 1, False), (64, 6
         r = rnd(*shape).half().contiguous(memory_format=torch.channels_last) if optional else None
         ref = conv_tc.conv3x3_tc_ref(x, w, b, r, stride, optional, up, clamp)
         tma_ok = stride == 1 and not clamp and cin >= 16  # the TMA variant's cases (tile_w configs)
+        halo_ok = tma_ok and up == 1 and cin == 64 and W >= 64  # the row-streaming kernel's cases (halo_w configs)
         for cfg in [None] + ([conv_tc.TCConfig(64, 4, 3, tile_w=8),
-                              conv_tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)] if tma_ok else []):
+                              conv_tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)] if tma_ok else []) + \
+                ([conv_tc.TCConfig(128, 4, 3, tile_w=16, halo_w=64)] if halo_ok else []):
+            rows_per_program = conv_halo._rows_per_program
+            if cfg is not None and cfg.halo_w:  # short row chunks: every program re-reads halo rows at both ends
+                conv_halo._rows_per_program = lambda *a: 2
             y = conv_tc.conv3x3_tc_launch(x, w, b, r, stride, optional, up, clamp, config=cfg)
             torch.cuda.synchronize()
+            conv_halo._rows_per_program = rows_per_program
             print(f"tc {cfg or 'default'} {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: "
                   f"rel err {rel(y, ref):.2e}")
 for t, with_cache in ((1, False), (3, True)):
