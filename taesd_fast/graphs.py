@@ -4,6 +4,8 @@ and 0.235 ms as a graph replay (whose layers were timed as graph replays: our te
 
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
 from typing import Callable
 
 import torch
@@ -16,6 +18,18 @@ def capture(fn: Callable[[], torch.Tensor]):
     dispatcher time and load its kernels, timing candidates as graph replays: `dispatch.graph_timing`).
     Returns (replay, output): replaying rewrites `output` in place. fn must read its inputs from the same buffers
     every call."""
+    global _capturing
+    _capturing += 1
+    try:
+        return _capture(fn)
+    finally:
+        _capturing -= 1
+
+
+_capturing = 0  # > 0 inside capture(): a GraphCache there runs eagerly (its caller is being captured already)
+
+
+def _capture(fn: Callable[[], torch.Tensor]):
     with dispatch.graph_timing():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -55,3 +69,72 @@ class CUDAGraphed:
         self._input.copy_(x)
         self._replay()
         return self._output.clone()
+
+
+def _replayable(x: torch.Tensor, params: list) -> bool:
+    """Whether a call may run as a graph replay: CUDA, outside torch.compile and other captures, and nothing that
+    autograd would have to record (a replay records no graph)."""
+    if not x.is_cuda or _capturing or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+
+
+class GraphCache:
+    """Runs fn(x) as a CUDA-graph replay from the second call with the same signature on; the first call runs
+    eagerly, so a one-off shape costs no capture. TAESD.encode / decode use one each (`TAESD.cuda_graphs`).
+
+    A graph bakes in the addresses of the weights and its own memory, so the signature holds the input's shape,
+    dtype, device and strides, the dispatch mode, and each parameter's address and version: moving the model,
+    changing its dtype or loading new weights in place makes the next call eager and the one after capture anew.
+    The `max_graphs` most recently used graphs are kept (each holds its own memory pool). A signature whose capture
+    fails (an op that cannot be captured, out of memory) stays eager, with one warning."""
+
+    def __init__(self, max_graphs: int = 3):
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict = OrderedDict()
+        self._seen: OrderedDict = OrderedDict()  # signatures called once, most recent last
+        self._failed: set = set()
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._seen.clear()
+        self._failed.clear()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    # Copies and pickles of a model start with no graphs (a captured graph cannot be copied or saved).
+    def __deepcopy__(self, memo) -> "GraphCache":
+        return GraphCache(self.max_graphs)
+
+    def __getstate__(self) -> dict:
+        return {"max_graphs": self.max_graphs}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["max_graphs"])
+
+    def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
+        if not _replayable(x, params):
+            return fn(x)
+        key = (x.shape, x.dtype, x.device, x.stride(), dispatch.get_backend(),
+               tuple((p.data_ptr(), p._version) for p in params))
+        graphed = self._graphs.get(key)
+        if graphed is not None:
+            self._graphs.move_to_end(key)
+            return graphed(x)
+        if key in self._failed or key not in self._seen:
+            self._seen[key] = None
+            if len(self._seen) > 64:
+                self._seen.popitem(last=False)
+            return fn(x)
+        try:
+            graphed = CUDAGraphed(fn, x)
+        except Exception as e:  # noqa: BLE001 - any capture problem: this signature stays eager
+            self._failed.add(key)
+            warnings.warn(f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "
+                          f"({type(e).__name__}: {e}); these calls stay eager", RuntimeWarning, stacklevel=3)
+            return fn(x)
+        self._graphs[key] = graphed
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        return graphed(x)

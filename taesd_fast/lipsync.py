@@ -279,11 +279,12 @@ def _timed(device: torch.device, seconds: dict, key: str):
 
 def _warm_up(model: TAESD, batch_sizes: set[int], size: int, encode: bool) -> None:
     """Untimed model calls at every batch size the loop will use, so the decode fps leaves out one-off costs:
-    kernel builds, the dispatcher timing each new conv shape, cuDNN's algorithm search. Only worth it on a GPU."""
+    kernel builds, the dispatcher timing each new conv shape, cuDNN's algorithm search, and the CUDA-graph capture
+    that TAESD makes on the second call of a shape. Only worth it on a GPU."""
     param = next(model.parameters())
     side = size // model.downscale
     with torch.inference_mode():
-        for n in sorted(batch_sizes):
+        for n in [n for n in sorted(batch_sizes) for _ in range(2)]:
             if encode:
                 model.encode(torch.rand(n, 3, size, size, device=param.device, dtype=param.dtype))
             model.decode(torch.randn(n, model.latent_channels, side, side, device=param.device, dtype=param.dtype))

@@ -9,3 +9,110 @@ def test_cuda_graph_needs_a_cuda_example():
     with pytest.raises(ValueError, match=r"needs an example CUDA tensor"):
         CUDAGraphed(model.decode, torch.randn(1, 4, 8, 8))
 
+
+
+# --------------------------------------------------------------------------- GraphCache (TAESD.encode / decode)
+# CI has no GPU: these drive the cache's bookkeeping with a stand-in for CUDAGraphed that records its captures
+# and replays by calling fn (the GPU tests check real captures).
+
+from taesd_fast import graphs  # noqa: E402
+
+
+class _FakeGraphed:
+    captures = []
+
+    def __init__(self, fn, example):
+        self.fn = fn
+        self.replays = 0
+        _FakeGraphed.captures.append(tuple(example.shape))
+
+    def __call__(self, x):
+        self.replays += 1
+        return self.fn(x)
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    _FakeGraphed.captures = []
+    monkeypatch.setattr(graphs, "CUDAGraphed", _FakeGraphed)
+    monkeypatch.setattr(graphs, "_replayable", lambda x, params: True)
+    return _FakeGraphed.captures
+
+
+def test_graph_cache_captures_on_the_second_call_of_a_signature(fake_graphs):
+    cache, params = graphs.GraphCache(), [torch.nn.Parameter(torch.randn(3))]
+    calls = []
+    fn = lambda x: calls.append(tuple(x.shape)) or x * 2  # noqa: E731
+    x = torch.randn(2, 3)
+    assert torch.equal(cache(fn, x, params), 2 * x) and fake_graphs == [] and len(cache) == 0  # first: eager
+    assert torch.equal(cache(fn, x, params), 2 * x) and fake_graphs == [(2, 3)] and len(cache) == 1  # second: capture
+    cache(fn, torch.randn(2, 3), params)
+    assert fake_graphs == [(2, 3)]  # third: replay, no new capture
+    cache(fn, torch.randn(4, 3), params)
+    assert fake_graphs == [(2, 3)] and len(cache) == 1  # a new shape starts eager again
+
+
+def test_graph_cache_recaptures_after_weights_change(fake_graphs):
+    cache, p = graphs.GraphCache(), torch.nn.Parameter(torch.randn(3))
+    fn = lambda x: x + 1  # noqa: E731
+    x = torch.randn(2, 3)
+    cache(fn, x, [p]), cache(fn, x, [p])
+    assert len(fake_graphs) == 1
+    with torch.no_grad():
+        p.mul_(2)  # in place: same address, new version (what load_state_dict does)
+    cache(fn, x, [p])
+    assert len(fake_graphs) == 1  # eager: the graph would still hold derived copies of the old weights
+    cache(fn, x, [p])
+    assert len(fake_graphs) == 2
+    p.data = p.data.clone()  # new address (what .to() / .half() do)
+    cache(fn, x, [p]), cache(fn, x, [p])
+    assert len(fake_graphs) == 3
+
+
+def test_graph_cache_keeps_the_most_recently_used(fake_graphs):
+    cache, params = graphs.GraphCache(max_graphs=2), []
+    fn = lambda x: x  # noqa: E731
+    shapes = [(1, 2), (2, 2), (3, 2)]
+    for shape in shapes:
+        cache(fn, torch.randn(shape), params), cache(fn, torch.randn(shape), params)
+    assert len(cache) == 2 and fake_graphs == shapes
+    cache(fn, torch.randn(3, 2), params)  # a replay: nothing captured or dropped
+    assert len(cache) == 2 and fake_graphs == shapes
+    cache(fn, torch.randn(1, 2), params)  # (1, 2) was dropped; already seen, so it is captured again at once
+    assert fake_graphs == shapes + [(1, 2)] and len(cache) == 2
+
+
+def test_graph_cache_stays_eager_where_capture_fails(monkeypatch):
+    def failing(fn, example):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "CUDAGraphed", failing)
+    monkeypatch.setattr(graphs, "_replayable", lambda x, params: True)
+    cache, x = graphs.GraphCache(), torch.randn(2)
+    cache(lambda t: t, x, [])
+    with pytest.warns(RuntimeWarning, match=r"capture failed for input \(2,\).*stay eager"):
+        cache(lambda t: t, x, [])
+    monkeypatch.setattr(graphs, "CUDAGraphed", lambda *a: pytest.fail("no second capture attempt"))
+    assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)
+
+
+def test_replayable_only_on_cuda_and_without_autograd():
+    p = torch.nn.Parameter(torch.randn(2))
+    assert not graphs._replayable(torch.randn(2), [p])  # CPU tensors always run eagerly
+    cuda_like = torch.empty(2, device="meta")
+    assert not graphs._replayable(cuda_like, [p])
+
+
+def test_taesd_uses_its_graph_caches_and_forgets_them_on_moves(fake_graphs):
+    model = TAESD("taesd")
+    z = torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        eager = model.decode(z)
+        model.decode(z)
+        assert len(model._graph_caches["decoder"]) == 1 and fake_graphs == [(1, 4, 8, 8)]
+        assert torch.equal(model.decode(z), eager)  # the replay stand-in runs the same decode
+        model.to(torch.float64)  # moves go through _apply: the graphs held the old weights
+        assert len(model._graph_caches["decoder"]) == 0
+        model.cuda_graphs = False
+        model.decode(z.double()), model.decode(z.double())
+        assert len(model._graph_caches["decoder"]) == 0 and fake_graphs == [(1, 4, 8, 8)]

@@ -64,3 +64,55 @@ def test_measure_times_every_candidate_as_replays_and_eager_adds_launch_cost():
     # eager decisions add each call's CPU launch time to its GPU time: never less than the replay alone
     eager, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=False)
     assert not failed and set(eager) == set(ms) and all(eager[n] > 0.8 * ms[n] + 0.002 for n in ms), (eager, ms)
+
+
+def _eager_with_graph_decisions(model, fn, x):
+    """fn(x) run eagerly with the decisions a capture makes (same kernels as the replay)."""
+    model.cuda_graphs = False
+    try:
+        with torch.no_grad(), dispatch.graph_timing():
+            return fn(x)
+    finally:
+        model.cuda_graphs = True
+
+
+def test_taesd_replays_a_graph_from_the_second_call_and_sees_new_weights():
+    model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
+    cache = model._graph_caches["decoder"]
+    z = [torch.randn(1, 32, 32, 40, device="cuda", dtype=torch.float16) for _ in range(3)]
+    with torch.no_grad():
+        model.decode(z[0])
+        assert len(cache) == 0  # a first call runs eagerly
+        replays = [model.decode(z[1]), model.decode(z[2])]
+    assert len(cache) == 1
+    for latents, replay in zip(z[1:], replays):
+        torch.testing.assert_close(replay, _eager_with_graph_decisions(model, model.decode, latents), rtol=0, atol=1e-3)
+    # New weights loaded in place: the graph holds derived copies of the old ones, so it must not be replayed.
+    state = {k: v * 1.05 if k.endswith("weight") else v for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    with torch.no_grad():
+        after = [model.decode(z[1]), model.decode(z[1]), model.decode(z[2])]  # eager, capture, replay
+    for latents, y in zip((z[1], z[1], z[2]), after):
+        torch.testing.assert_close(y, _eager_with_graph_decisions(model, model.decode, latents), rtol=0, atol=1e-3)
+    assert not torch.allclose(after[0], replays[0], atol=1e-3), "the old weights' graph was replayed"
+
+
+def test_taesd_encode_replays_and_grad_mode_stays_eager():
+    model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
+    images = [torch.rand(2, 3, 256, 320, device="cuda", dtype=torch.float16) for _ in range(3)]
+    with torch.no_grad():
+        ys = [model.encode(im) for im in images]
+    assert len(model._graph_caches["encoder"]) == 1
+    torch.testing.assert_close(ys[2], _eager_with_graph_decisions(model, model.encode, images[2]), rtol=0, atol=1e-3)
+    model.encode(images[0]), model.encode(images[0])  # grad enabled and the weights require grad: autograd records
+    assert len(model._graph_caches["encoder"]) == 1
+
+
+def test_taesd_graphs_under_inference_mode():
+    """The lip-sync loop decodes under torch.inference_mode(): captures and replays work there too."""
+    model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
+    z = [torch.randn(4, 32, 16, 16, device="cuda", dtype=torch.float16) for _ in range(3)]
+    with torch.inference_mode():
+        ys = [model.decode(latents) for latents in z]
+    assert len(model._graph_caches["decoder"]) == 1
+    torch.testing.assert_close(ys[2], _eager_with_graph_decisions(model, model.decode, z[2]), rtol=0, atol=1e-3)
