@@ -91,8 +91,13 @@ def test_taesd_replays_a_graph_from_the_second_call_and_sees_new_weights():
     state = {k: v * 1.05 if k.endswith("weight") else v for k, v in model.state_dict().items()}
     model.load_state_dict(state)
     with torch.no_grad():
-        after = [model.decode(z[1]), model.decode(z[1]), model.decode(z[2])]  # eager, capture, replay
-    for latents, y in zip((z[1], z[1], z[2]), after):
+        first = model.decode(z[1])  # eager (with eager decisions): the signature changed with the weights
+        model.cuda_graphs = False
+        torch.testing.assert_close(first, model.decode(z[1]), rtol=0, atol=1e-3)
+        model.cuda_graphs = True
+        after = [model.decode(z[1]), model.decode(z[2])]  # capture, replay
+    assert len(cache) == 2
+    for latents, y in zip(z[1:], after):
         torch.testing.assert_close(y, _eager_with_graph_decisions(model, model.decode, latents), rtol=0, atol=1e-3)
     assert not torch.allclose(after[0], replays[0], atol=1e-3), "the old weights' graph was replayed"
 
