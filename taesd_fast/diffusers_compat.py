@@ -261,7 +261,7 @@ class AutoencoderTinyFast(nn.Module):
 
     def _decode_raw(self, z: torch.Tensor) -> torch.Tensor:
         if not self.use_tiling:
-            return self.taesd.decoder(self.taesd.preferred_layout(z))  # unclamped, as DecoderTiny
+            return self.taesd.decode_unclamped(z)  # as DecoderTiny; a graph replay from a shape's 2nd call
         return decode_tiled(self.taesd, z, tile=self.tile_size, overlap=self.tile_overlap, clamp=False)
 
     def _offload_hook(self) -> None:

@@ -43,7 +43,7 @@ class TAESD(nn.Module):
         self.decoder = build_decoder(self.arch) if decoder else None
         name_layers(self)
         self.cuda_graphs = True
-        self._graph_caches = {"encoder": GraphCache(), "decoder": GraphCache()}
+        self._graph_caches = {"encoder": GraphCache(), "decoder": GraphCache(), "raw_decoder": GraphCache()}
 
     @property
     def latent_channels(self) -> int:
@@ -166,10 +166,16 @@ class TAESD(nn.Module):
             return decode_tiled(self, latents, tile=tile_size // self.downscale)
         return self._run("decoder", lambda z: self.decoder(z).clamp(0, 1), latents)
 
-    def _run(self, part: str, fn, x: torch.Tensor) -> torch.Tensor:
+    def decode_unclamped(self, latents: torch.Tensor) -> torch.Tensor:
+        """`decode` without the final clamp to [0, 1]: what diffusers' DecoderTiny returns."""
+        check_tensor(latents, "latents", channels=self.latent_channels, like=self._param("decoder"))
+        return self._run("raw_decoder", self.decoder, self.preferred_layout(latents))
+
+    def _run(self, cache: str, fn, x: torch.Tensor) -> torch.Tensor:
+        part = self.encoder if cache == "encoder" else self.decoder
         if not self.cuda_graphs:
             return fn(x)
-        return self._graph_caches[part](fn, x, list(getattr(self, part).parameters()))
+        return self._graph_caches[cache](fn, x, list(part.parameters()))
 
     @staticmethod
     def scale_latents(latents: torch.Tensor) -> torch.Tensor:
