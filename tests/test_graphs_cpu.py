@@ -116,3 +116,15 @@ def test_taesd_uses_its_graph_caches_and_forgets_them_on_moves(fake_graphs):
         model.cuda_graphs = False
         model.decode(z.double()), model.decode(z.double())
         assert len(model._graph_caches["decoder"]) == 0 and fake_graphs == [(1, 4, 8, 8)]
+
+
+def test_diffusers_adapter_decode_uses_the_graph_cache(fake_graphs):
+    from taesd_fast import AutoencoderTinyFast
+
+    vae = AutoencoderTinyFast(TAESD("taesd"))
+    z = torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        first = vae.decode(z).sample
+        second = vae.decode(z).sample
+    assert len(vae.taesd._graph_caches["raw_decoder"]) == 1 and fake_graphs == [(1, 4, 8, 8)]
+    assert torch.equal(first, second) and first.min() < 0  # unclamped, in [-1, 1] conventions
