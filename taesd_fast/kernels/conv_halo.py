@@ -15,7 +15,8 @@ TMA store. Input traffic is ~3 boxes per output row (plus 2 halo rows per run) i
 per program, and every A fragment is read from shared memory once for three MMAs.
 
 Predicted (written before it ran; H200): MMA-bound at N=64, 70-80% of the 689 TFLOP/s ceiling: 64->64 256^2 B=64
-0.55-0.65 ms (from 0.83-0.87 with conv_tc_tma).
+0.55-0.65 ms (from 0.83-0.87 with conv_tc_tma). Measured (BENCHMARKS.md, runs K and L): 0.60 ms with the residual,
+0.52 without (516-590 TFLOP/s); 64->3 0.20 ms (from 0.57); the whole decode 256^2 B=64 6.23 -> 4.48 ms.
 
 Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
 stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. conv_tc does the checks, the weight packing
@@ -234,8 +235,10 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs); pdl: conv_tc.pdl_args(x)."""
     B, _, H, W = x.shape
     c_out, n_pad = out.shape[1], wp.shape[-1]
-    if W <= 64:
-        block_w = 64  # one warpgroup: a wider strip would be half padding
+    if W <= 64 or n_pad < C:
+        # One warpgroup: at W <= 64 a wider strip would be half padding; narrow outputs (64->3) are memory-bound,
+        # and twice the programs hide more latency (256^2 B=64: 0.202 vs 0.258 ms, BENCHMARKS.md run L).
+        block_w = 64
     act_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     box = [1, 1, block_w, C]
     x_desc = _nhwc_desc(x, box, act_layout)
