@@ -131,7 +131,8 @@ class OutputHead(nn.Module):
     ) -> "OutputHead":
         """Read only the head's tensors from a Wan VAE checkpoint (Hub repo, local .safetensors or .pth).
 
-        The 2.8 GB safetensors file is opened lazily; only three tensors are materialised.
+        The 2.8 GB safetensors file is opened lazily; only three tensors are materialised. Returns the head in eval
+        mode with requires_grad off (an inference module; `.requires_grad_()` to train it).
         """
         path = _locate_checkpoint(name_or_path, subfolder, filename, revision, cache_dir, local_files_only)
         state = None
@@ -149,7 +150,7 @@ class OutputHead(nn.Module):
         head = cls(weight.shape[1], weight.shape[0], patch_size=patch_size)
         state["norm_out.gamma"] = state["norm_out.gamma"].reshape(-1, 1, 1, 1)
         head.load_state_dict(state)
-        return head.to(device=device, dtype=dtype).eval()
+        return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
     def dispatch_table(self) -> str:
         return dispatch.dispatch_table(self)

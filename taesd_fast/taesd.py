@@ -78,6 +78,7 @@ class TAESD(nn.Module):
         encoder_path / decoder_path: explicit upstream files instead (.safetensors or .pth); give one for an
             encoder-only or decoder-only model.
         variant: optional check; the variant is detected from the tensors, and a name that disagrees is an error.
+        Returns the model in eval mode with requires_grad off (call `.requires_grad_()` to train it).
         """
         _check_dtype(dtype)
         loaded = hub.resolve(
@@ -96,7 +97,9 @@ class TAESD(nn.Module):
         name = hub.check_variant(arch, variant, loaded)
         model = cls(name, encoder=loaded.encoder is not None, decoder=loaded.decoder is not None)
         model.load_weights(loaded.encoder, loaded.decoder, source=", ".join(loaded.sources))
-        return model.to(device=device, dtype=dtype).eval()
+        # An inference model: eval mode and no gradients for the weights, so a call made without torch.no_grad()
+        # records no autograd graph and can run our kernels and graph replays (model.requires_grad_() to train).
+        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
     def load_weights(self, encoder_state=None, decoder_state=None, source: str = "state dict") -> None:
         """Load upstream-keyed state dicts, with a clear error when they belong to another variant."""

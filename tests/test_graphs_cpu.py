@@ -96,11 +96,10 @@ def test_graph_cache_stays_eager_where_capture_fails(monkeypatch):
     assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)
 
 
-def test_replayable_only_on_cuda_and_without_autograd():
-    p = torch.nn.Parameter(torch.randn(2))
+def test_replayable_only_on_cuda():
+    p = torch.nn.Parameter(torch.randn(2), requires_grad=False)
     assert not graphs._replayable(torch.randn(2), [p])  # CPU tensors always run eagerly
-    cuda_like = torch.empty(2, device="meta")
-    assert not graphs._replayable(cuda_like, [p])
+    assert not graphs._replayable(torch.empty(2, device="meta"), [p])
 
 
 def test_taesd_uses_its_graph_caches_and_forgets_them_on_moves(fake_graphs):
@@ -128,3 +127,13 @@ def test_diffusers_adapter_decode_uses_the_graph_cache(fake_graphs):
         second = vae.decode(z).sample
     assert len(vae.taesd._graph_caches["raw_decoder"]) == 1 and fake_graphs == [(1, 4, 8, 8)]
     assert torch.equal(first, second) and first.min() < 0  # unclamped, in [-1, 1] conventions
+
+
+def test_pretrained_models_are_inference_models():
+    """Without torch.no_grad() a call must still be replayable: from_pretrained turns the weights' gradients off,
+    while gradients with respect to the inputs still flow (through the PyTorch path)."""
+    model = TAESD.from_pretrained()  # bundled TAEF2
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    latents = torch.randn(1, 32, 4, 4, requires_grad=True)
+    model.decode(latents).sum().backward()
+    assert latents.grad is not None and latents.grad.abs().sum() > 0

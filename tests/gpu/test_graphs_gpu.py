@@ -109,8 +109,13 @@ def test_taesd_encode_replays_and_grad_mode_stays_eager():
         ys = [model.encode(im) for im in images]
     assert len(model._graph_caches["encoder"]) == 1
     torch.testing.assert_close(ys[2], _eager_with_graph_decisions(model, model.encode, images[2]), rtol=0, atol=1e-3)
-    model.encode(images[0]), model.encode(images[0])  # grad enabled and the weights require grad: autograd records
-    assert len(model._graph_caches["encoder"]) == 1
+    model.requires_grad_(True)  # training: with grad enabled, autograd must record every call
+    other = torch.rand(1, 3, 128, 128, device="cuda", dtype=torch.float16)
+    latents = [model.encode(other) for _ in range(3)]
+    assert len(model._graph_caches["encoder"]) == 1 and all(z.requires_grad for z in latents)
+    model.requires_grad_(False)  # as from_pretrained returns it: grad mode alone does not stop replays
+    model.encode(other), model.encode(other)
+    assert len(model._graph_caches["encoder"]) == 2
 
 
 def test_taesd_graphs_under_inference_mode():
