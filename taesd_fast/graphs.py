@@ -116,6 +116,12 @@ class GraphCache:
     def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
         if not _replayable(x, params):
             return fn(x)
+        if x.is_cuda and x.device.index != torch.cuda.current_device():  # capture and replay on the input's GPU
+            with torch.cuda.device(x.device):
+                return self._call(fn, x, params)
+        return self._call(fn, x, params)
+
+    def _call(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
         key = (x.shape, x.dtype, x.device, x.stride(), dispatch.get_backend(),
                tuple((p.data_ptr(), p._version) for p in params))
         graphed = self._graphs.get(key)
