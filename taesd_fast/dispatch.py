@@ -170,7 +170,8 @@ def _cpu_reason(s: Spec) -> str | None:
 
 def _tc_candidate() -> Candidate:
     """The Triton tensor-core conv (kernels/conv_tc.py), imported on first use: importing Triton is slow.
-    Calls that a CUDA graph will replay take its TMA kernel (faster on the GPU); eager calls the pointer kernel,
+    Calls that a CUDA graph will replay take its TMA and row-streaming kernels (faster on the GPU, and each launch
+    builds TMA descriptors on the host); eager calls the pointer kernel,
     whose launch costs less CPU time (H200 host: 95 vs 107 us; eager encode 256² B=16 took 5.6 ms with TMA
     launches, 2.9 ms without, BENCHMARKS.md)."""
 

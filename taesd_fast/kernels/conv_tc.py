@@ -286,7 +286,8 @@ _SMS = 132  # H200; only used to avoid launching fewer than ~2 waves of tiles on
 
 def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: int, tma: bool = True) -> TCConfig:
     """Deterministic pick from the shape (m_rows = output pixels, per phase for the upsample fold). tma=False keeps
-    the pointer kernel: a TMA launch costs more CPU time (host tensor-map encoding), which eager calls pay."""
+    the pointer kernel: TMA and row-streaming launches cost more CPU time (host tensor-map encoding), which eager
+    calls pay."""
     tuned = TUNED.get((c_in, c_out, stride, upsample))
     if tuned is not None:
         return tuned
