@@ -1,5 +1,5 @@
-"""The tensor-core conv's row-streaming variant for 64->64 stride-1 3x3 convs on Hopper (Gluon: explicit shared
-memory, TMA and asynchronous wgmma).
+"""The tensor-core conv's row-streaming variant for 64->64 and 64->3 stride-1 3x3 convs on Hopper (Gluon: explicit
+shared memory, TMA and asynchronous wgmma).
 
 Why: the Triton kernels (conv_tc, conv_tc_tma) load each tap's input box and a [64, 64] weight slice for every
 output tile: 9 input boxes plus 72 KB of weights per 128 output pixels, ~4.8 GB of L2 -> SM traffic per 256^2 B=64
@@ -20,7 +20,8 @@ Predicted (written before it ran; H200): MMA-bound at N=64, 70-80% of the 689 TF
 
 Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
 stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. conv_tc does the checks, the weight packing
-(rows tap * 64 + c_in) and the epilogue semantics.
+(rows tap * 64 + c_in) and the epilogue semantics. With programmatic dependent launch (conv_tc.pdl_args) the weights
+load while the previous kernel drains; activations are touched only after griddepcontrol.wait.
 """
 
 from __future__ import annotations
