@@ -206,6 +206,7 @@ if gluon is not None:
             offs = ((img * H + row).to(gl.int64) * W + px)[:, None] * C_OUT + n[None, :]
             mask = ((px < W)[:, None] & (n < C_OUT)[None, :]) & row_ok
             gl.store(y_ptr + offs, out.to(gl.float16), mask=mask)
+        # Drain the last two MMAs before the next step reloads the A registers they read.
         acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])
         return acc_next, acc_cur, acc_done
 
