@@ -31,6 +31,8 @@ import functools
 import torch
 from torch import Tensor
 
+from .conv_tc import _capability
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -60,7 +62,7 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
         return "stride 2, the upsample fold or pre_clamp (the row-streaming kernel does plain stride-1 convs)"
     if W < 64:
         return f"W={W} (< 64: strips of 64 columns would be mostly padding)"
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
+    if not x.is_cuda or _capability(x.device) != 9:
         return "needs an sm_90 GPU (wgmma)"
     if x.data_ptr() % 16:
         return "x is not 16-byte aligned (TMA)"
@@ -211,6 +213,7 @@ if gluon is not None:
         return acc_next, acc_cur, acc_done
 
 
+@functools.cache  # a search over H chunk counts; launches repeat the same shapes
 def _rows_per_program(B: int, H: int, strips: int, sms: int) -> int:
     """Rows per program: whole columns where that fills the GPU, else enough row chunks for ~one wave (each chunk
     re-reads 2 halo rows, so fewer, longer chunks are cheaper)."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .conv_tc import _capability
+
 try:
     import triton
     import triton.language as tl
@@ -39,7 +41,7 @@ def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, ti
         return f"C_in={c_in} must be >= 16 and a multiple of block_k={block_k}"
     if tile_w < 8 or block_m % tile_w or tile_w & (tile_w - 1):
         return f"tile_w={tile_w} must be a power of two >= 8 dividing block_m={block_m}"
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if device.type == "cuda" and _capability(device) < 9:
         return "TMA needs compute capability 9.0 (Hopper) or newer"
     return None
 
