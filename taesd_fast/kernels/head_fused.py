@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import head as _split
+from . import head_wgmma
 from .derived import derived  # GC, pack_weight, head_stencil(_ref), the derived-tensor cache
 
 try:  # Triton is optional: the module (op registration, twin, checks) must import without it.
@@ -73,9 +74,11 @@ except Exception as err:  # noqa: BLE001  ImportError, or a broken install raisi
 GC = _split.GC  # 112 g channels stored per pixel
 N_PAD = 128  # g channels computed (tl.dot needs a power of two)
 CAUSAL = 2
-VARIANTS = ("roll", "per_t")
-# Best of scripts/bench_head_fused.py's sweep on the H200 (2026-11-29): 1.615 ms at the Wan chunk size.
-DEFAULT_CONFIG = {"variant": "roll", "block_m": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}
+VARIANTS = ("roll", "per_t")  # the Triton kernels (they also run under TRITON_INTERPRET=1)
+HOPPER = "wgmma"  # the Gluon kernel (head_wgmma.py), sm_90 only
+# "auto": the Gluon kernel where head_wgmma supports the call, else "roll" with the Triton config below, the
+# best of scripts/bench_head_fused.py's sweep on the H200 (2026-11-29): 1.615 ms at the Wan chunk size.
+DEFAULT_CONFIG = {"variant": "auto", "block_m": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}
 POISON = False  # tests set this: NaN-fill g and the new cache before the kernel, so unwritten elements show
 
 __all__ = [
@@ -92,8 +95,9 @@ def set_default_config(**config) -> None:
     unknown = set(config) - set(DEFAULT_CONFIG)
     if unknown:
         raise ValueError(f"set_default_config: unknown keys {sorted(unknown)}; expected {sorted(DEFAULT_CONFIG)}")
-    if config.get("variant", "roll") not in VARIANTS:
-        raise ValueError(f"set_default_config: variant must be one of {VARIANTS}, got {config['variant']!r}")
+    if config.get("variant", "roll") not in ("auto", HOPPER, *VARIANTS):
+        raise ValueError(f"set_default_config: variant must be one of {('auto', HOPPER, *VARIANTS)}, "
+                         f"got {config['variant']!r}")
     DEFAULT_CONFIG.update(config)
 
 
@@ -115,11 +119,15 @@ def pack_weight_taps(weight: Tensor, n_pad: int = N_PAD) -> Tensor:
     return wp.reshape(n_pad, weight.shape[1], 3).permute(2, 1, 0).to(torch.bfloat16).contiguous()
 
 
-def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: float):
-    """(Wk, bias fp32, scale*gamma fp32), cached on the source tensors like split_head_conv's packed weights."""
+def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: float, variant: str):
+    """(the variant's packed weight, bias fp32, scale*gamma fp32), cached on the source tensors like
+    split_head_conv's packed weights. The Triton kernels take Wk [3, C, 128]; the Gluon one W^T [3, 112, C]."""
     get = derived.get
     with torch.no_grad():  # parameters require grad; the cached copies must not hold autograd graphs
-        wk = get(weight, ("fused_taps",), lambda: pack_weight_taps(weight))
+        if variant == HOPPER:
+            wk = get(weight, ("fused_taps_t",), lambda: pack_weight_taps(weight)[:, :, :GC].transpose(1, 2).contiguous())
+        else:
+            wk = get(weight, ("fused_taps",), lambda: pack_weight_taps(weight))
         b32 = get(weight if bias is None else bias, ("bias32", bias is None), lambda: _split._bias32(weight, bias))
     return wk, b32, scaled_gamma(gamma, scale)
 
@@ -468,9 +476,22 @@ def _contiguous_ints(c: int, t: int, h: int, w: int, has_cache: bool) -> tuple:
     return (t, hw, *x, *((c * 2 * hw, 2 * hw, hw) if has_cache else x))
 
 
+def _variant(variant: str, features: Tensor, cache: Tensor | None) -> str:
+    """The g kernel for a config's variant: "auto" takes the Gluon kernel where it runs; HOPPER insists on it."""
+    if variant not in ("auto", HOPPER):
+        return variant
+    reason = head_wgmma.unsupported_reason(features, cache)
+    if reason is None:
+        return HOPPER
+    if variant == HOPPER:
+        raise ValueError(f"fused_head: variant {HOPPER!r} cannot run this call: {reason}")
+    return "roll"
+
+
 def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
                     eps: float, scale: float, config: dict | None = None) -> tuple[Tensor, Tensor]:
-    """fused_head with an explicit kernel config (variant, block_m, num_warps, num_stages); the bench sweeps it."""
+    """fused_head with an explicit kernel config (variant, block_m, num_warps, num_stages; variant "wgmma" or
+    "auto" take the Gluon kernel, which has no other settings); the bench sweeps it."""
     check_fused_head(features, cache, gamma, weight, bias)
     b, c, t, h, w = features.shape
     reason = _kernel_reason(c, features.dtype, features.device.type)
@@ -479,14 +500,20 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
     if not per_sample_offsets_fit(features, cache) or _shape_reason(c, t, h, w):
         return fused_head_ref(features, cache, gamma, weight, bias, eps, scale)  # too large for the kernel
     cfg = {**DEFAULT_CONFIG, **(config or {})}
-    wk, b32, gs = _derived_weights(weight, bias, gamma, scale)
+    features = _flat_pixels(features)
+    cache = None if cache is None else _flat_pixels(cache)
+    cfg["variant"] = _variant(cfg["variant"], features, cache)
+    wk, b32, gs = _derived_weights(weight, bias, gamma, scale, cfg["variant"])
     g = features.new_empty((b, t, h, w, GC))
     new_cache = features.new_empty((b, c, CAUSAL, h, w))
     if POISON:
         g.fill_(float("nan"))
         new_cache.fill_(float("nan"))
     with torch.cuda.device(features.device):  # Triton launches on the current stream of the current device
-        launch_head_g(features, cache, gs, wk, g, new_cache, eps, **cfg)
+        if cfg["variant"] == HOPPER:
+            head_wgmma.launch(features, cache, gs, wk, g, new_cache, eps)
+        else:
+            launch_head_g(features, cache, gs, wk, g, new_cache, eps, **cfg)
     return _split.head_stencil(g, b32, t, 0, h, h, 0), new_cache
 
 
@@ -523,13 +550,18 @@ def spec_ready(spec, config: dict | None = None) -> bool:
     launching then compiles nothing, so it is safe inside a CUDA-graph capture."""
     from .. import _backend
 
-    _, c, t, h, w = spec.x_shape
+    b, c, t, h, w = spec.x_shape
     cfg = {**DEFAULT_CONFIG, **(config or {})}
+    defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
+    stencil_ready = _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
+    if cfg["variant"] in ("auto", HOPPER) and head_wgmma.shape_reason(c, t, h, w, spec.device) is None:
+        return stencil_ready and head_wgmma.spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
+    if cfg["variant"] == "auto":
+        cfg["variant"] = "roll"
     key = _specialisation(spec.device, (cfg["variant"], cfg["block_m"], min(cfg["block_k"], c), cfg["num_warps"],
                                         cfg["num_stages"]), c, bool(spec.residual),
                           _contiguous_ints(c, t, h, w, bool(spec.residual)))
-    defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
-    return key in _compiled and _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
+    return key in _compiled and stencil_ready
 
 
 @fused_head.register_fake

@@ -32,7 +32,9 @@ CONFIGS = [
     {"variant": "roll", "block_m": 32, "block_k": 32, "num_warps": 4, "num_stages": 3},
     {"variant": "per_t", "block_m": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
     {"variant": "per_t", "block_m": 128, "block_k": 32, "num_warps": 8, "num_stages": 2},
+    {"variant": "wgmma"},  # the Gluon kernel (sm_90; H*W a multiple of 8)
 ]
+WGMMA = len(CONFIGS) - 1
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +88,15 @@ def _assert_cache_close(got, want):
 # shape/config is one Triton compile (seconds), so the other configs run on two shapes only.
 SHAPES = [(1, 1, 37, 53), (1, 4, 37, 53), (2, 3, 17, 29), (1, 5, 9, 70), (2, 2, 1, 1)]
 CASES = ([(0, *shape) for shape in SHAPES]
-         + [(cfg, *shape) for cfg in range(1, len(CONFIGS)) for shape in [(1, 4, 37, 53), (2, 1, 17, 29)]])
+         + [(cfg, *shape) for cfg in range(1, WGMMA) for shape in [(1, 4, 37, 53), (2, 1, 17, 29)]])
+# The Gluon kernel: whole and partial 64-pixel tiles, T = 1 (first chunk), several images, and more tiles than SMs
+# (programs walk several tiles, the TMA ring runs across tile boundaries).
+WGMMA_SHAPES = [(1, 4, 24, 40), (2, 3, 12, 20), (1, 1, 20, 36), (3, 5, 8, 8), (1, 4, 88, 160), (2, 2, 64, 136)]
+
+
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma head kernel needs sm_90")
 
 
 @pytest.mark.parametrize("with_cache", [False, True])
@@ -102,10 +112,29 @@ def test_matches_output_head(cfg, b, t, h, w, with_cache):
     _assert_cache_close(new_cache, cache16)
 
 
-@pytest.mark.parametrize("cfg", [0, 2])
-def test_chunked_equals_one_shot(cfg):
+@pytest.mark.parametrize("with_cache", [False, True])
+@pytest.mark.parametrize("b,t,h,w", WGMMA_SHAPES)
+def test_wgmma_matches_output_head(b, t, h, w, with_cache):
+    _needs_sm90()
+    test_matches_output_head(WGMMA, b, t, h, w, with_cache)
+
+
+def test_wgmma_refuses_what_it_cannot_run():
+    _needs_sm90()
+    head = _head(seed=11)
+    features, cache = _inputs(1, 256, 2, 9, 7, seed=11)  # H*W = 63: TMA needs rows of 16 bytes
+    with pytest.raises(ValueError, match="variant 'wgmma' cannot run this call: H\\*W=63 is not a multiple of 8"):
+        hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[WGMMA])
+    out, _ = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5)  # auto: the Triton kernel
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("cfg,h,w", [(0, 37, 53), (2, 37, 53), (WGMMA, 24, 40)])
+def test_chunked_equals_one_shot(cfg, h, w):
+    if cfg == WGMMA:
+        _needs_sm90()
     head = _head(seed=3)
-    features, _ = _inputs(1, 256, 4, 37, 53, seed=3, with_cache=False)
+    features, _ = _inputs(1, 256, 4, h, w, seed=3, with_cache=False)
     args = (*_params(head), EPS, 256**0.5, CONFIGS[cfg])
     one, one_cache = hf.fused_head_with(features, None, *args)
     a, cache = hf.fused_head_with(features[:, :, :2], None, *args)  # a strided slice: read in place

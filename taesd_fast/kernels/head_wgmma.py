@@ -1,0 +1,331 @@
+"""The fused head's g kernel for Hopper (Gluon: TMA, asynchronous wgmma, weights resident in shared memory).
+
+What: the same g and new cache as head_fused's Triton kernels (RMS norm + SiLU of the raw features, then the causal
+temporal GEMM into the 112 spatial-tap channels of g; head_stencil does the rest), for sm_90.
+
+Why: the Triton "roll" kernel reloads its 3 x 64 KB of weights from L2 for every 32-pixel tile, and its three fp32
+accumulators keep occupancy low: 1.58 ms for the Wan chunk (BENCHMARKS.md, run D), against 0.163 ms to read it.
+
+How: a persistent grid, one program per SM. The weights W^T [3 taps, 112, C] bf16 (168 KB at C = 256) are loaded
+once per program and stay in shared memory. A program walks its 64-pixel tiles; for each tile it reads the window
+frames in order (the 2 cached frames, then the T feature frames), each as C/64 TMA boxes [64 channels, 64 pixels]
+into a ring of NSLOT 8 KB slots (7 fit beside the weights at C = 256). A feature frame is read from shared memory
+twice: once for each pixel's sum of squares, once to normalise and apply SiLU in registers; the activated chunk is
+written back in place and is then the wgmma A operand (its pixel-major view) and, for the last two window frames, the
+source of a TMA store into the new cache. Window frame s feeds output frames s-2, s-1 and s (taps 2, 1, 0), held in
+three rotating fp32 accumulators; output s-2 is complete after frame s and leaves as bf16 g. With 8 warps the two
+warpgroups split N (56 columns each: 3 x 28 accumulator registers per thread). A slot is refilled as soon as the
+MMAs reading it are done (one chunk later), so the next frame's chunks load while this one is processed.
+
+Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound. Per program and 64-pixel
+tile: 312 KB moved (6 frames x 32 KB in, 2 x 32 KB new cache out, 4 x 14 KB g out), ~17.8k cycles at a 1/132 share
+of 4.24 TB/s, against ~10.7k cycles of MMA and ~11k of shared-memory traffic. 1125 MB in all: 0.27 ms at peak,
+0.32-0.38 ms expected; with the stencil (0.086 ms) the head at ~0.41-0.47 ms (1.19 ms before).
+
+Covers C a multiple of 64 up to 256, C_out <= 12 (g's 112 columns), 1 <= T <= MAX_T, H*W a multiple of 8 and
+16-byte aligned strides (TMA), sm_90 with Gluon; `unsupported_reason` says why not, and head_fused then runs its
+Triton kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from .conv_tc import _capability
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _GLUON_ERROR: str | None = None
+except Exception as e:  # older Triton without Gluon's Hopper API, or no Triton at all
+    gluon = gl = None
+    _GLUON_ERROR = f"Gluon (Triton's Hopper API) not importable ({type(e).__name__}: {e})"
+
+G = 112  # g channels (head.GC): 9 spatial taps x 12 outputs, padded
+BLOCK_P = 64  # pixels per tile: one wgmma M
+CHUNK = 64  # channels per TMA box (128-byte rows)
+MAX_T = 16  # frames are unrolled at compile time
+SMEM_BYTES = 232448  # sm_90's opt-in shared memory per block (227 KB)
+NUM_WARPS = 8
+
+
+def _slots(c: int) -> int:
+    """Ring slots that fit beside the resident weights (and the barriers)."""
+    return min((SMEM_BYTES - 3 * G * c * 2 - 1024) // (CHUNK * BLOCK_P * 2), 4 * (c // CHUNK))
+
+
+def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> str | None:
+    """Why contiguous features of this shape cannot take the kernel, or None."""
+    if _GLUON_ERROR is not None:
+        return _GLUON_ERROR
+    device = torch.device(device)
+    if device.type != "cuda" or _capability(device) != 9:
+        return "needs an sm_90 GPU (wgmma)"
+    if c % CHUNK or c > 256:
+        return f"C={c} (needs a multiple of {CHUNK} up to 256: the weights stay in shared memory)"
+    if t > MAX_T:
+        return f"T={t} > {MAX_T} (frames are unrolled at compile time)"
+    if (h * w) % 8:
+        return f"H*W={h * w} is not a multiple of 8 (TMA needs 16-byte strides)"
+    return None
+
+
+def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
+    """Why these (flat-pixel) tensors cannot take the kernel, or None. Shapes as head_fused checks them."""
+    _, c, t, h, w = features.shape
+    reason = shape_reason(c, t, h, w, features.device)
+    if reason is not None:
+        return reason
+    for name, x in (("features", features), ("cache", cache)):
+        if x is not None and (x.data_ptr() % 16 or any(s % 8 for s, n in zip(x.stride()[:3], x.shape[:3]) if n > 1)):
+            return f"{name} is not 16-byte aligned in every stride (TMA)"
+    return None
+
+
+if gluon is not None:
+    _G = gl.constexpr(G)  # read inside the kernels
+
+    @gluon.jit
+    def _issue(q, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img, QT,
+               KC: gl.constexpr, S0: gl.constexpr, NSLOT: gl.constexpr, HAS_CACHE: gl.constexpr):
+        # Chunk q of this program's stream: tile q // QT, window frame S0 + (q % QT) // KC, channel block (q % QT) % KC;
+        # into slot q % NSLOT. Window frames 0, 1 come from the cache, frame s >= 2 is feature frame s - 2.
+        valid = q < total_q
+        r = q % QT
+        s = S0 + r // KC
+        ch0 = (r % KC) * 64
+        tile = pid + (q // QT) * nprog
+        img = tile // tiles_per_img
+        p0 = (tile % tiles_per_img) * 64
+        slot = slots.index(q % NSLOT)
+        bar = bars.index(q % NSLOT)
+        mbarrier.expect(bar, 64 * 64 * 2, pred=valid)
+        if HAS_CACHE:
+            tma.async_copy_global_to_shared(c_desc, [img, ch0, s, p0], bar, slot, pred=valid & (s < 2))
+        tma.async_copy_global_to_shared(x_desc, [img, ch0, s - 2, p0], bar, slot, pred=valid & (s >= 2))
+
+    @gluon.jit
+    def _inv_norm(slots, bars, qf, eps, KC: gl.constexpr, NSLOT: gl.constexpr, blk: gl.constexpr):
+        # 1 / max(||x||_2, eps) per pixel over all channels of the frame whose chunks start at qf (F.normalize).
+        ss = gl.zeros([64], gl.float32, gl.SliceLayout(0, blk))
+        for kc in gl.static_range(KC):
+            q = qf + kc
+            mbarrier.wait(bars.index(q % NSLOT), (q // NSLOT) & 1)
+            x = slots.index(q % NSLOT).reshape([64, 64]).load(blk).to(gl.float32)
+            ss += gl.sum(x * x, axis=0)
+        return gl.div_rn(gl.full([64], 1.0, gl.float32, gl.SliceLayout(0, blk)), gl.maximum(gl.sqrt_rn(ss), eps))
+
+    @gluon.jit
+    def _mma(a, w_smem, idx: gl.constexpr, acc):
+        # acc (three column pieces of g: 64 + 32 + 16 = 112, as tensor shapes are powers of two) += a @ W[idx]
+        a0 = warpgroup_mma(a, w_smem[0].index(idx).permute((1, 0)), acc[0], is_async=True)
+        a1 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[1].type.layout, 2), assert_trivial=True),
+                           w_smem[1].index(idx).permute((1, 0)), acc[1], is_async=True)
+        a2 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[2].type.layout, 2), assert_trivial=True),
+                           w_smem[2].index(idx).permute((1, 0)), acc[2], is_async=True)
+        return a0, a1, a2
+
+    @gluon.jit
+    def _drain(p, q, r, a):
+        # Wait for every MMA in flight; `a` (their register operand) stays allocated until then.
+        d = warpgroup_mma_wait(0, deps=[p[0], p[1], p[2], q[0], q[1], q[2], r[0], r[1], r[2], a])
+        return (d[0], d[1], d[2]), (d[3], d[4], d[5]), (d[6], d[7], d[8])
+
+    @gluon.jit
+    def _zeros(mma64: gl.constexpr, mma32: gl.constexpr, mma16: gl.constexpr):
+        return (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32),
+                gl.zeros([64, 16], gl.float32, mma16))
+
+    @gluon.jit
+    def _store_g_part(part, n0: gl.constexpr, base, n_px):
+        # A scalar 64-bit base and int32 offsets: per-element 64-bit addresses for every frame cost ~200 registers.
+        lay: gl.constexpr = part.type.layout
+        px = gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
+        n = n0 + gl.arange(0, part.shape[1], layout=gl.SliceLayout(0, lay))
+        gl.store(base + (px[:, None] * _G + n[None, :]), part.to(gl.bfloat16), mask=(px < n_px)[:, None])
+
+    @gluon.jit
+    def _store_g(acc, g_ptr, img, o, p0, HW, T):
+        # g[img, o, pixels p0.., :] (dense [B, T, H*W, 112]) from the three column pieces
+        base = g_ptr + ((img * T + o).to(gl.int64) * HW + p0) * _G
+        _store_g_part(acc[0], 0, base, HW - p0)
+        _store_g_part(acc[1], 64, base, HW - p0)
+        _store_g_part(acc[2], 96, base, HW - p0)
+
+    @gluon.jit
+    def _store_zero_frame(nc_ptr, img, p0, HW, C: gl.constexpr, blk: gl.constexpr):
+        # First chunk with T = 1 and no cache: the new cache's first frame is a causal zero frame.
+        px = p0 + gl.arange(0, 64, layout=gl.SliceLayout(0, blk))
+        for kc in gl.static_range(C // 64):
+            ch = kc * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+            offs = ((img * C + ch) * 2).to(gl.int64)[:, None] * HW + px[None, :]
+            gl.store(nc_ptr + offs, gl.zeros([64, 64], gl.bfloat16, blk), mask=(px < HW)[None, :])
+
+    @gluon.jit
+    def _head_g_kernel(x_desc, c_desc, nc_desc, w64_desc, w32_desc, w16_desc, gs_ptr, g_ptr, nc_ptr,
+                       T, HW, n_tiles, tiles_per_img, eps,
+                       C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+        KC: gl.constexpr = C // 64
+        S0: gl.constexpr = 0 if HAS_CACHE else 2  # without a cache, window frames 0 and 1 are zeros: skipped
+        QT = (T + 2 - S0) * KC  # chunks per tile
+        NWG: gl.constexpr = gl.num_warps() // 4  # warpgroups; they split each MMA's N
+        mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NWG],
+                                                        instr_shape=[16, 64 // NWG, 16])
+        mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NWG],
+                                                        instr_shape=[16, 32 // NWG, 16])
+        mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NWG],
+                                                        instr_shape=[16, 16 // NWG, 16])
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
+        # [64 channels, 64 pixels] chunk: a thread holds 8 consecutive pixels (16-byte shared loads), a warp 32
+        # channels, so the per-pixel channel sum stays inside each warp.
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, gl.num_warps()], [1, 0])
+
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        my_tiles = (n_tiles - pid + nprog - 1) // nprog
+        total_q = my_tiles * QT
+
+        slots = gl.allocate_shared_memory(gl.bfloat16, [NSLOT, 1, 64, 1, 64], x_desc.layout)
+        w_smem = (gl.allocate_shared_memory(gl.bfloat16, [3 * KC, 64, 64], w64_desc.layout),
+                  gl.allocate_shared_memory(gl.bfloat16, [3 * KC, 32, 64], w32_desc.layout),
+                  gl.allocate_shared_memory(gl.bfloat16, [3 * KC, 16, 64], w16_desc.layout))
+        bars = gl.allocate_shared_memory(gl.int64, [NSLOT + 1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NSLOT + 1):
+            mbarrier.init(bars.index(i), count=1)
+        w_bar = bars.index(NSLOT)
+        mbarrier.expect(w_bar, 3 * KC * _G * 64 * 2)
+        for i in gl.static_range(3 * KC):  # box i: tap i // KC, channels (i % KC) * 64 ..; rows n0 .. of W^T[tap]
+            tma.async_copy_global_to_shared(w64_desc, [(i // KC) * _G, (i % KC) * 64], w_bar, w_smem[0].index(i))
+            tma.async_copy_global_to_shared(w32_desc, [(i // KC) * _G + 64, (i % KC) * 64], w_bar, w_smem[1].index(i))
+            tma.async_copy_global_to_shared(w16_desc, [(i // KC) * _G + 96, (i % KC) * 64], w_bar, w_smem[2].index(i))
+        for q0 in gl.static_range(NSLOT):
+            _issue(q0, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img, QT, KC, S0, NSLOT, HAS_CACHE)
+        ch = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        mbarrier.wait(w_bar, 0)
+
+        for i in range(my_tiles):
+            tile = pid + i * nprog
+            img = tile // tiles_per_img
+            p0 = (tile % tiles_per_img) * 64
+            if not HAS_CACHE:
+                if T == 1:
+                    _store_zero_frame(nc_ptr, img, p0, HW, C, blk)
+            # acc_p: output s-2 (tap 2, completes with frame s); acc_q: output s-1 (tap 1); acc_r: output s (tap 0)
+            acc_p = _zeros(mma64, mma32, mma16)
+            acc_q = _zeros(mma64, mma32, mma16)
+            acc_r = _zeros(mma64, mma32, mma16)
+            a = gl.zeros([64, 64], gl.bfloat16, dot_a)
+            # T is a run-time value so that this loop stays a loop: unrolled, the per-chunk index arithmetic of
+            # every frame was hoisted and spilled (255 registers at T = 4).
+            for s in range(S0, T + 2):
+                qf = i * QT + (s - S0) * KC
+                inv = gl.full([64], 1.0, gl.float32, gl.SliceLayout(0, blk))
+                if s >= 2:
+                    inv = _inv_norm(slots, bars, qf, eps, KC, NSLOT, blk)
+                for kc in gl.static_range(KC):
+                    q = qf + kc
+                    chunk = slots.index(q % NSLOT)
+                    view = chunk.reshape([64, 64])
+                    if s >= 2:  # RMS norm + SiLU, written back in place (the reference's two bf16 roundings)
+                        gs = gl.load(gs_ptr + kc * 64 + ch)
+                        y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
+                        y = y.to(gl.float32)
+                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
+                        fence_async_shared()
+                        gl.thread_barrier()
+                    else:
+                        mbarrier.wait(bars.index(q % NSLOT), (q // NSLOT) & 1)
+                    a_next = view.permute((1, 0)).load(dot_a)  # [pixels, channels], the MMAs' register operand
+                    # The previous chunk's MMAs are done in this warpgroup; after the barrier, in both, and every
+                    # warp has this chunk in registers.
+                    acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
+                    a = a_next
+                    gl.thread_barrier()
+                    if kc > 0:
+                        if s >= T:
+                            tma.store_wait(0)  # the new-cache store of the previous chunk has read its slot
+                        _issue(q - 1 + NSLOT, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img,
+                               QT, KC, S0, NSLOT, HAS_CACHE)
+                    if s >= T:  # window frames T, T+1 are the new cache
+                        tma.async_copy_shared_to_global(nc_desc, [img, kc * 64, s - T, p0], chunk)
+                    # All three taps, also where the output frame does not exist (s < 2, s >= T): those
+                    # accumulators are never stored, and an MMA under a run-time branch could not stay asynchronous.
+                    acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
+                    acc_q = _mma(a, w_smem, KC + kc, acc_q)
+                    acc_r = _mma(a, w_smem, kc, acc_r)
+                acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
+                gl.thread_barrier()
+                if s >= T:
+                    tma.store_wait(0)
+                _issue(qf + KC - 1 + NSLOT, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img,
+                       QT, KC, S0, NSLOT, HAS_CACHE)
+                if s >= 2:
+                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)
+                acc_p = acc_q
+                acc_q = acc_r
+                acc_r = _zeros(mma64, mma32, mma16)
+        tma.store_wait(0)
+        for i in gl.static_range(NSLOT + 1):
+            mbarrier.invalidate(bars.index(i))
+
+
+def _desc(t: Tensor, frames: int, layout) -> "TensorDescriptor":
+    """TMA descriptor over flat-pixel t [B, C, F, H, W] seen as [B, C, F, H*W], boxes [1, 64, 1, 64]. A size-1
+    dimension may carry any stride in torch; TMA wants 16-byte multiples, so those get a dense one."""
+    b, c, _, h, w = t.shape
+    shape = [b, c, frames, h * w]
+    strides = [t.stride(0), t.stride(1), t.stride(2), 1]
+    for d in (2, 1, 0):
+        if shape[d] == 1:
+            strides[d] = strides[d + 1] * shape[d + 1]
+    return TensorDescriptor(t, shape, strides, [1, CHUNK, 1, BLOCK_P], layout)
+
+
+_compiled: set = set()  # specialisations launched so far (see spec_ready)
+
+
+def _key(device, c: int, t: int, has_cache: bool, ints: tuple) -> tuple:
+    # Gluon, like Triton, compiles one binary per constexpr set and per int argument that is 1 or a multiple of 16.
+    return (str(torch.device(device)), c, t, has_cache, tuple((v == 1, v % 16 == 0) for v in ints))
+
+
+def _ints(b: int, h: int, w: int) -> tuple:
+    tiles = -(-(h * w) // BLOCK_P)
+    return (h * w, b * tiles, tiles)
+
+
+def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,
+           eps: float) -> None:
+    """features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale * gamma fp32 [C];
+    wt = W^T [3, 112, C] bf16 (pack_weight_taps transposed); g [B, T, H, W, 112] and new_cache [B, C, 2, H, W]
+    contiguous outputs. The caller checks `unsupported_reason` first."""
+    b, c, t, h, w = features.shape
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    x_desc = _desc(features, t, layout)
+    c_desc = _desc(cache, 2, layout) if cache is not None else x_desc
+    nc_desc = _desc(new_cache, 2, layout)
+    w_descs = [TensorDescriptor.from_tensor(wt.reshape(3 * G, c), [n, CHUNK],
+                                            gl.NVMMASharedLayout.get_default_for([n, CHUNK], gl.bfloat16))
+               for n in (64, 32, 16)]
+    ints = _ints(b, h, w)
+    grid = min(ints[1], _sm_count(features.device))
+    _head_g_kernel[(grid,)](x_desc, c_desc, nc_desc, *w_descs, gs, g, new_cache, t, *ints, float(eps),
+                            C=c, HAS_CACHE=cache is not None, NSLOT=_slots(c), num_warps=NUM_WARPS)
+    _compiled.add(_key(features.device, c, t, cache is not None, ints))
+
+
+def spec_ready(device, b: int, c: int, t: int, h: int, w: int, has_cache: bool) -> bool:
+    """True once a launch of this shape compiles nothing (safe inside a CUDA-graph capture)."""
+    return _key(device, c, t, has_cache, _ints(b, h, w)) in _compiled
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
