@@ -53,7 +53,7 @@ BLOCK_P = 64  # pixels per tile: one wgmma M
 CHUNK = 64  # channels per TMA box (128-byte rows)
 MAX_T = 16  # frames are unrolled at compile time
 SMEM_BYTES = 232448  # sm_90's opt-in shared memory per block (227 KB)
-NUM_WARPS = 8
+MAXNREG = 128  # 16 warps in all (4 MMA, 8 activation, 1 loader, rounded up): 64K registers
 
 
 def _slots(c: int) -> int:
@@ -93,34 +93,77 @@ if gluon is not None:
     _G = gl.constexpr(G)  # read inside the kernels
 
     @gluon.jit
-    def _issue(q, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img, QT,
-               KC: gl.constexpr, S0: gl.constexpr, NSLOT: gl.constexpr, HAS_CACHE: gl.constexpr):
-        # Chunk q of this program's stream: tile q // QT, window frame S0 + (q % QT) // KC, channel block (q % QT) % KC;
-        # into slot q % NSLOT. Window frames 0, 1 come from the cache, frame s >= 2 is feature frame s - 2.
-        valid = q < total_q
+    def _chunk(q, QT, pid, nprog, tiles_per_img, KC: gl.constexpr, S0: gl.constexpr):
+        # Chunk q of a program's stream: (window frame s, first channel, image, first pixel). Tile q // QT, frame
+        # S0 + (q % QT) // KC, channel block (q % QT) % KC. Window frames 0, 1 are the cache, s >= 2 feature s - 2.
         r = q % QT
-        s = S0 + r // KC
-        ch0 = (r % KC) * 64
         tile = pid + (q // QT) * nprog
-        img = tile // tiles_per_img
-        p0 = (tile % tiles_per_img) * 64
-        slot = slots.index(q % NSLOT)
-        bar = bars.index(q % NSLOT)
-        mbarrier.expect(bar, 64 * 64 * 2, pred=valid)
-        if HAS_CACHE:
-            tma.async_copy_global_to_shared(c_desc, [img, ch0, s, p0], bar, slot, pred=valid & (s < 2))
-        tma.async_copy_global_to_shared(x_desc, [img, ch0, s - 2, p0], bar, slot, pred=valid & (s >= 2))
+        return S0 + r // KC, (r % KC) * 64, tile // tiles_per_img, (tile % tiles_per_img) * 64
 
     @gluon.jit
-    def _inv_norm(slots, bars, qf, eps, KC: gl.constexpr, NSLOT: gl.constexpr, blk: gl.constexpr):
+    def _loader(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img,
+                T, HW, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+        # 1 warp: TMA-loads every chunk of the stream into slot q % NSLOT once the MMA partition has freed it.
+        KC: gl.constexpr = C // 64
+        S0: gl.constexpr = 0 if HAS_CACHE else 2  # without a cache, window frames 0 and 1 are zeros: skipped
+        QT = (T + 2 - S0) * KC
+        for q in range(my_tiles * QT):
+            s, ch0, img, p0 = _chunk(q, QT, pid, nprog, tiles_per_img, KC, S0)
+            mbarrier.wait(free.index(q % NSLOT), ((q // NSLOT) & 1) ^ 1)  # fresh barriers count as freed
+            bar = ready.index(q % NSLOT)
+            slot = slots.index(q % NSLOT)
+            mbarrier.expect(bar, 64 * 64 * 2)
+            if HAS_CACHE:
+                tma.async_copy_global_to_shared(c_desc, [img, ch0, s, p0], bar, slot, pred=s < 2)
+            tma.async_copy_global_to_shared(x_desc, [img, ch0, s - 2, p0], bar, slot, pred=s >= 2)
+
+    @gluon.jit
+    def _inv_norm(slots, ready, qf, eps, KC: gl.constexpr, NSLOT: gl.constexpr, blk: gl.constexpr):
         # 1 / max(||x||_2, eps) per pixel over all channels of the frame whose chunks start at qf (F.normalize).
         ss = gl.zeros([64], gl.float32, gl.SliceLayout(0, blk))
         for kc in gl.static_range(KC):
             q = qf + kc
-            mbarrier.wait(bars.index(q % NSLOT), (q // NSLOT) & 1)
+            mbarrier.wait(ready.index(q % NSLOT), (q // NSLOT) & 1)
             x = slots.index(q % NSLOT).reshape([64, 64]).load(blk).to(gl.float32)
             ss += gl.sum(x * x, axis=0)
         return gl.div_rn(gl.full([64], 1.0, gl.float32, gl.SliceLayout(0, blk)), gl.maximum(gl.sqrt_rn(ss), eps))
+
+    @gluon.jit
+    def _activator(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
+                   tiles_per_img, T, HW, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+        # 8 warps: RMS norm + SiLU of each feature frame, written back in place (the reference's two bf16
+        # roundings); cached frames pass through. Signals each chunk on `act`.
+        KC: gl.constexpr = C // 64
+        S0: gl.constexpr = 0 if HAS_CACHE else 2
+        QT = (T + 2 - S0) * KC
+        # [64 channels, 64 pixels] chunk: a thread holds 8 consecutive pixels (16-byte shared loads), a warp 32
+        # channels, so the per-pixel channel sum stays inside each warp.
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, gl.num_warps()], [1, 0])
+        ch = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        for i in range(my_tiles):
+            tile = pid + i * nprog
+            if not HAS_CACHE:
+                if T == 1:
+                    _store_zero_frame(nc_ptr, tile // tiles_per_img, (tile % tiles_per_img) * 64, HW, C, blk)
+            for s in range(S0, T + 2):
+                qf = i * QT + (s - S0) * KC
+                if s >= 2:
+                    inv = _inv_norm(slots, ready, qf, eps, KC, NSLOT, blk)
+                    for kc in gl.static_range(KC):
+                        q = qf + kc
+                        view = slots.index(q % NSLOT).reshape([64, 64])
+                        gs = gl.load(gs_ptr + kc * 64 + ch)
+                        y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
+                        y = y.to(gl.float32)
+                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
+                        fence_async_shared()  # the MMA partition's TMA store reads it through the async proxy
+                        gl.thread_barrier()  # every warp's part is written (arrive is one thread's)
+                        mbarrier.arrive(act.index(q % NSLOT), count=1)
+                else:
+                    for kc in gl.static_range(KC):
+                        q = qf + kc
+                        mbarrier.wait(ready.index(q % NSLOT), (q // NSLOT) & 1)
+                        mbarrier.arrive(act.index(q % NSLOT), count=1)
 
     @gluon.jit
     def _mma(a, w_smem, idx: gl.constexpr, acc):
@@ -139,9 +182,8 @@ if gluon is not None:
         return (d[0], d[1], d[2]), (d[3], d[4], d[5]), (d[6], d[7], d[8])
 
     @gluon.jit
-    def _zeros(mma64: gl.constexpr, mma32: gl.constexpr, mma16: gl.constexpr):
-        return (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32),
-                gl.zeros([64, 16], gl.float32, mma16))
+    def _zeros(like):
+        return (gl.zeros_like(like[0]), gl.zeros_like(like[1]), gl.zeros_like(like[2]))
 
     @gluon.jit
     def _store_g_part(part, n0: gl.constexpr, base, n_px):
@@ -169,111 +211,118 @@ if gluon is not None:
             gl.store(nc_ptr + offs, gl.zeros([64, 64], gl.bfloat16, blk), mask=(px < HW)[None, :])
 
     @gluon.jit
+    def _mma_frame(slots, act, free, w_smem, nc_desc, qf, s, img, p0, T, acc_p, acc_q, acc_r, store_nc,
+                   TAP2: gl.constexpr, TAP1: gl.constexpr, TAP0: gl.constexpr, KC: gl.constexpr,
+                   NSLOT: gl.constexpr):
+        # Window frame s into output frames s-2 (acc_p, tap 2), s-1 (acc_q, tap 1) and s (acc_r, tap 0), for the
+        # taps whose output frame exists. store_nc: frame s is frame s - T of the new cache. Returns the drained
+        # accumulators (so that run-time branches can hold this).
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_p[0].type.layout, k_width=2)
+        a = gl.zeros([64, 64], gl.bfloat16, dot_a)
+        for kc in gl.static_range(KC):
+            q = qf + kc
+            slot = slots.index(q % NSLOT)
+            mbarrier.wait(act.index(q % NSLOT), (q // NSLOT) & 1)
+            a_next = slot.reshape([64, 64]).permute((1, 0)).load(dot_a)  # [pixels, channels]
+            if store_nc:
+                tma.async_copy_shared_to_global(nc_desc, [img, kc * 64, s - T, p0], slot)
+            acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)  # the previous chunk's MMAs
+            a = a_next
+            if TAP2:
+                acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
+            if TAP1:
+                acc_q = _mma(a, w_smem, KC + kc, acc_q)
+            if TAP0:
+                acc_r = _mma(a, w_smem, kc, acc_r)
+            if store_nc:
+                tma.store_wait(0)  # the store has read the slot
+            fence_async_shared()  # our shared loads before the loader's next TMA write
+            gl.thread_barrier()
+            mbarrier.arrive(free.index(q % NSLOT), count=1)
+        return _drain(acc_p, acc_q, acc_r, a)
+
+    @gluon.jit
+    def _mma_partition(slots, act, free, w_smem, w_bar, nc_desc, g_ptr, pid, nprog, my_tiles, tiles_per_img, T, HW,
+                       C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+        # The default partition (one warpgroup): the GEMM and the g stores. It holds three output frames'
+        # accumulators, [64, 112] fp32 each (168 registers per thread).
+        KC: gl.constexpr = C // 64
+        S0: gl.constexpr = 0 if HAS_CACHE else 2
+        QT = (T + 2 - S0) * KC
+        mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 16])
+        mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+        zero = (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32),
+                gl.zeros([64, 16], gl.float32, mma16))
+        mbarrier.wait(w_bar, 0)
+        for i in range(my_tiles):
+            tile = pid + i * nprog
+            img = tile // tiles_per_img
+            p0 = (tile % tiles_per_img) * 64
+            qt = i * QT
+            # acc_p: output s-2 (tap 2, complete after frame s); acc_q: output s-1; acc_r: output s (tap 0)
+            acc_p = zero
+            acc_q = zero
+            acc_r = zero
+            if HAS_CACHE:  # window frames 0 and 1; frame 1 is the new cache's first frame when T = 1
+                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt, 0, img, p0, T, acc_p, acc_q,
+                                                 acc_r, False, False, False, True, KC, NSLOT)
+                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
+                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + KC, 1, img, p0, T, acc_p,
+                                                 acc_q, acc_r, T == 1, False, True, True, KC, NSLOT)
+                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
+            for s in range(2, T):  # every tap lands in an output frame
+                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + (s - S0) * KC, s, img, p0,
+                                                 T, acc_p, acc_q, acc_r, False, True, True, True, KC, NSLOT)
+                _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)
+                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
+            if T >= 2:  # window frame T: the new cache's first frame
+                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + (T - S0) * KC, T, img, p0,
+                                                 T, acc_p, acc_q, acc_r, True, True, True, False, KC, NSLOT)
+                _store_g(acc_p, g_ptr, img, T - 2, p0, HW, T)
+                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
+            acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + (T + 1 - S0) * KC, T + 1, img,
+                                             p0, T, acc_p, acc_q, acc_r, True, True, False, False, KC, NSLOT)
+            _store_g(acc_p, g_ptr, img, T - 1, p0, HW, T)
+
+    @gluon.jit
     def _head_g_kernel(x_desc, c_desc, nc_desc, w64_desc, w32_desc, w16_desc, gs_ptr, g_ptr, nc_ptr,
                        T, HW, n_tiles, tiles_per_img, eps,
                        C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         KC: gl.constexpr = C // 64
-        S0: gl.constexpr = 0 if HAS_CACHE else 2  # without a cache, window frames 0 and 1 are zeros: skipped
-        QT = (T + 2 - S0) * KC  # chunks per tile
-        NWG: gl.constexpr = gl.num_warps() // 4  # warpgroups; they split each MMA's N
-        mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NWG],
-                                                        instr_shape=[16, 64 // NWG, 16])
-        mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NWG],
-                                                        instr_shape=[16, 32 // NWG, 16])
-        mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NWG],
-                                                        instr_shape=[16, 16 // NWG, 16])
-        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
-        # [64 channels, 64 pixels] chunk: a thread holds 8 consecutive pixels (16-byte shared loads), a warp 32
-        # channels, so the per-pixel channel sum stays inside each warp.
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, gl.num_warps()], [1, 0])
-
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         my_tiles = (n_tiles - pid + nprog - 1) // nprog
-        total_q = my_tiles * QT
 
         slots = gl.allocate_shared_memory(gl.bfloat16, [NSLOT, 1, 64, 1, 64], x_desc.layout)
         w_smem = (gl.allocate_shared_memory(gl.bfloat16, [3 * KC, 64, 64], w64_desc.layout),
                   gl.allocate_shared_memory(gl.bfloat16, [3 * KC, 32, 64], w32_desc.layout),
                   gl.allocate_shared_memory(gl.bfloat16, [3 * KC, 16, 64], w16_desc.layout))
-        bars = gl.allocate_shared_memory(gl.int64, [NSLOT + 1, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NSLOT + 1):
-            mbarrier.init(bars.index(i), count=1)
-        w_bar = bars.index(NSLOT)
-        mbarrier.expect(w_bar, 3 * KC * _G * 64 * 2)
+        ready = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())  # TMA -> activator
+        act = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())  # activator -> MMA
+        free = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())  # MMA -> loader
+        w_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NSLOT):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(act.index(i), count=1)
+            mbarrier.init(free.index(i), count=1)
+        mbarrier.init(w_bar.index(0), count=1)
+        mbarrier.expect(w_bar.index(0), 3 * KC * _G * 64 * 2)
         for i in gl.static_range(3 * KC):  # box i: tap i // KC, channels (i % KC) * 64 ..; rows n0 .. of W^T[tap]
-            tma.async_copy_global_to_shared(w64_desc, [(i // KC) * _G, (i % KC) * 64], w_bar, w_smem[0].index(i))
-            tma.async_copy_global_to_shared(w32_desc, [(i // KC) * _G + 64, (i % KC) * 64], w_bar, w_smem[1].index(i))
-            tma.async_copy_global_to_shared(w16_desc, [(i // KC) * _G + 96, (i % KC) * 64], w_bar, w_smem[2].index(i))
-        for q0 in gl.static_range(NSLOT):
-            _issue(q0, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img, QT, KC, S0, NSLOT, HAS_CACHE)
-        ch = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        mbarrier.wait(w_bar, 0)
-
-        for i in range(my_tiles):
-            tile = pid + i * nprog
-            img = tile // tiles_per_img
-            p0 = (tile % tiles_per_img) * 64
-            if not HAS_CACHE:
-                if T == 1:
-                    _store_zero_frame(nc_ptr, img, p0, HW, C, blk)
-            # acc_p: output s-2 (tap 2, completes with frame s); acc_q: output s-1 (tap 1); acc_r: output s (tap 0)
-            acc_p = _zeros(mma64, mma32, mma16)
-            acc_q = _zeros(mma64, mma32, mma16)
-            acc_r = _zeros(mma64, mma32, mma16)
-            a = gl.zeros([64, 64], gl.bfloat16, dot_a)
-            # T is a run-time value so that this loop stays a loop: unrolled, the per-chunk index arithmetic of
-            # every frame was hoisted and spilled (255 registers at T = 4).
-            for s in range(S0, T + 2):
-                qf = i * QT + (s - S0) * KC
-                inv = gl.full([64], 1.0, gl.float32, gl.SliceLayout(0, blk))
-                if s >= 2:
-                    inv = _inv_norm(slots, bars, qf, eps, KC, NSLOT, blk)
-                for kc in gl.static_range(KC):
-                    q = qf + kc
-                    chunk = slots.index(q % NSLOT)
-                    view = chunk.reshape([64, 64])
-                    if s >= 2:  # RMS norm + SiLU, written back in place (the reference's two bf16 roundings)
-                        gs = gl.load(gs_ptr + kc * 64 + ch)
-                        y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
-                        y = y.to(gl.float32)
-                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
-                        fence_async_shared()
-                        gl.thread_barrier()
-                    else:
-                        mbarrier.wait(bars.index(q % NSLOT), (q // NSLOT) & 1)
-                    a_next = view.permute((1, 0)).load(dot_a)  # [pixels, channels], the MMAs' register operand
-                    # The previous chunk's MMAs are done in this warpgroup; after the barrier, in both, and every
-                    # warp has this chunk in registers.
-                    acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
-                    a = a_next
-                    gl.thread_barrier()
-                    if kc > 0:
-                        if s >= T:
-                            tma.store_wait(0)  # the new-cache store of the previous chunk has read its slot
-                        _issue(q - 1 + NSLOT, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img,
-                               QT, KC, S0, NSLOT, HAS_CACHE)
-                    if s >= T:  # window frames T, T+1 are the new cache
-                        tma.async_copy_shared_to_global(nc_desc, [img, kc * 64, s - T, p0], chunk)
-                    # All three taps, also where the output frame does not exist (s < 2, s >= T): those
-                    # accumulators are never stored, and an MMA under a run-time branch could not stay asynchronous.
-                    acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
-                    acc_q = _mma(a, w_smem, KC + kc, acc_q)
-                    acc_r = _mma(a, w_smem, kc, acc_r)
-                acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
-                gl.thread_barrier()
-                if s >= T:
-                    tma.store_wait(0)
-                _issue(qf + KC - 1 + NSLOT, total_q, x_desc, c_desc, slots, bars, pid, nprog, tiles_per_img,
-                       QT, KC, S0, NSLOT, HAS_CACHE)
-                if s >= 2:
-                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)
-                acc_p = acc_q
-                acc_q = acc_r
-                acc_r = _zeros(mma64, mma32, mma16)
-        tma.store_wait(0)
-        for i in gl.static_range(NSLOT + 1):
-            mbarrier.invalidate(bars.index(i))
+            tma.async_copy_global_to_shared(w64_desc, [(i // KC) * _G, (i % KC) * 64], w_bar.index(0),
+                                            w_smem[0].index(i))
+            tma.async_copy_global_to_shared(w32_desc, [(i // KC) * _G + 64, (i % KC) * 64], w_bar.index(0),
+                                            w_smem[1].index(i))
+            tma.async_copy_global_to_shared(w16_desc, [(i // KC) * _G + 96, (i % KC) * 64], w_bar.index(0),
+                                            w_smem[2].index(i))
+        gl.warp_specialize([
+            (_mma_partition, (slots, act, free, w_smem, w_bar.index(0), nc_desc, g_ptr, pid, nprog, my_tiles,
+                              tiles_per_img, T, HW, C, HAS_CACHE, NSLOT)),
+            (_loader, (x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
+                       tiles_per_img, T, HW, C, HAS_CACHE, NSLOT)),
+            (_activator, (x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
+                          tiles_per_img, T, HW, C, HAS_CACHE, NSLOT)),
+        ], [1, 8], [24, 80])
 
 
 def _desc(t: Tensor, frames: int, layout) -> "TensorDescriptor":
@@ -317,7 +366,7 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     ints = _ints(b, h, w)
     grid = min(ints[1], _sm_count(features.device))
     _head_g_kernel[(grid,)](x_desc, c_desc, nc_desc, *w_descs, gs, g, new_cache, t, *ints, float(eps),
-                            C=c, HAS_CACHE=cache is not None, NSLOT=_slots(c), num_warps=NUM_WARPS)
+                            C=c, HAS_CACHE=cache is not None, NSLOT=_slots(c), num_warps=4, maxnreg=MAXNREG)
     _compiled.add(_key(features.device, c, t, cache is not None, ints))
 
 

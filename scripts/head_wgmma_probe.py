@@ -1,0 +1,67 @@
+"""Where the Gluon head g kernel spends its time: variants of kernels/head_wgmma.py with one part removed each
+(MMAs, activation, g stores), timed alone as CUDA-graph replays at the Wan chunk size. A diagnostic, not a test:
+the variants compute wrong g. Run: python3 scripts/head_wgmma_probe.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from taesd_fast.kernels import head_fused as hf
+from taesd_fast.timing import graphed, time_ms
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / "head_wgmma.py"
+MMA = """                    acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
+                    acc_q = _mma(a, w_smem, KC + kc, acc_q)
+                    acc_r = _mma(a, w_smem, kc, acc_r)
+"""
+ACT = """                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))"""
+GSTORE = """                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)"""
+VARIANTS = {
+    "baseline": [],
+    "no MMA": [(MMA, "")],
+    "one tap of MMA": [(MMA, "                    acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)\n")],
+    "no SiLU/store-back (norm kept)": [(ACT, "                        pass")],
+    "no g store": [(GSTORE, "                    pass")],
+    "4 warps": [("NUM_WARPS = 8", "NUM_WARPS = 4")],
+}
+
+
+def load_variant(name: str, edits) -> object:
+    src = SRC.read_text()
+    for old, new in edits:
+        assert old in src, (name, old[:60])
+        src = src.replace(old, new)
+    mod_name = "_probe_" + "".join(ch if ch.isalnum() else "_" for ch in name)
+    path = SRC.parent / f"{mod_name}.py"
+    path.write_text(src)
+    return importlib.import_module(f"taesd_fast.kernels.{mod_name}")
+
+
+def main() -> None:
+    b, c, t, h, w = 1, 256, int(sys.argv[1]) if len(sys.argv) > 1 else 4, 352, 640
+    torch.manual_seed(0)
+    feat = torch.randn(b, c, t, h, w, device="cuda").bfloat16()
+    cache = F.silu(torch.randn(b, c, 2, h, w, device="cuda")).bfloat16()
+    gamma = (1 + 0.1 * torch.randn(c, 1, 1, 1, device="cuda")).bfloat16()
+    weight = (torch.randn(12, c, 3, 3, 3, device="cuda") * (0.6 / (27 * c) ** 0.5)).bfloat16()
+    wt = hf.pack_weight_taps(weight)[:, :, :hf.GC].transpose(1, 2).contiguous()
+    gs = hf.scaled_gamma(gamma, c**0.5)
+    g = feat.new_empty((b, t, h, w, hf.GC))
+    nc = feat.new_empty((b, c, 2, h, w))
+    for name, edits in VARIANTS.items():
+        try:
+            mod = load_variant(name, edits)
+            ms = time_ms(graphed(lambda: mod.launch(feat, cache, gs, wt, g, nc, 1e-12)))
+            print(f"{name:34s} {ms:8.4f} ms", flush=True)
+        except Exception as err:  # noqa: BLE001  a diagnostic: report and go on
+            print(f"{name:34s} failed: {type(err).__name__}: {str(err)[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
