@@ -1,5 +1,5 @@
 """Where the Gluon head g kernel spends its time: variants of kernels/head_wgmma.py with one part removed each
-(MMAs, activation, g stores), timed alone as CUDA-graph replays at the Wan chunk size. A diagnostic, not a test:
+(MMAs, SiLU, the norm), timed alone as CUDA-graph replays at the Wan chunk size. A diagnostic, not a test:
 the variants compute wrong g. Run: python3 scripts/head_wgmma_probe.py
 """
 
@@ -16,19 +16,28 @@ from taesd_fast.kernels import head_fused as hf
 from taesd_fast.timing import graphed, time_ms
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / "head_wgmma.py"
-MMA = """                    acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
-                    acc_q = _mma(a, w_smem, KC + kc, acc_q)
-                    acc_r = _mma(a, w_smem, kc, acc_r)
+MMA = """            if TAP2:
+                acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
+            if TAP1:
+                acc_q = _mma(a, w_smem, KC + kc, acc_q)
+            if TAP0:
+                acc_r = _mma(a, w_smem, kc, acc_r)
 """
-ACT = """                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))"""
-GSTORE = """                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)"""
+SILU = """                        gs = gl.load(gs_ptr + kc * 64 + ch)
+                        y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
+                        y = y.to(gl.float32)
+                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
+"""
+NORM = """                if s >= 2:
+                    inv = _inv_norm("""
+NO_NORM = """                if s >= 1000:
+                    inv = _inv_norm("""
 VARIANTS = {
     "baseline": [],
     "no MMA": [(MMA, "")],
-    "one tap of MMA": [(MMA, "                    acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)\n")],
-    "no SiLU/store-back (norm kept)": [(ACT, "                        pass")],
-    "no g store": [(GSTORE, "                    pass")],
-    "4 warps": [("NUM_WARPS = 8", "NUM_WARPS = 4")],
+    "no SiLU/write-back (norm kept)": [(SILU, "")],
+    "no norm, no SiLU": [(NORM, NO_NORM)],
+    "loads only (no MMA, norm, SiLU)": [(MMA, ""), (NORM, NO_NORM)],
 }
 
 

@@ -102,7 +102,7 @@ if gluon is not None:
 
     @gluon.jit
     def _loader(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img,
-                T, HW, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+                HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         # 1 warp: TMA-loads every chunk of the stream into slot q % NSLOT once the MMA partition has freed it.
         KC: gl.constexpr = C // 64
         S0: gl.constexpr = 0 if HAS_CACHE else 2  # without a cache, window frames 0 and 1 are zeros: skipped
@@ -130,7 +130,7 @@ if gluon is not None:
 
     @gluon.jit
     def _activator(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
-                   tiles_per_img, T, HW, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+                   tiles_per_img, HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         # 8 warps: RMS norm + SiLU of each feature frame, written back in place (the reference's two bf16
         # roundings); cached frames pass through. Signals each chunk on `act`.
         KC: gl.constexpr = C // 64
@@ -167,12 +167,15 @@ if gluon is not None:
 
     @gluon.jit
     def _mma(a, w_smem, idx: gl.constexpr, acc):
-        # acc (three column pieces of g: 64 + 32 + 16 = 112, as tensor shapes are powers of two) += a @ W[idx]
-        a0 = warpgroup_mma(a, w_smem[0].index(idx).permute((1, 0)), acc[0], is_async=True)
+        # acc (three column pieces of g: 64 + 32 + 16 = 112, as tensor shapes are powers of two) += a @ W[idx].
+        # The weight index goes through an opaque zero: with constant indices the compiler hoisted all 144 wgmma
+        # descriptors (64-bit each) out of the loops and spilled them.
+        i = idx + gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        a0 = warpgroup_mma(a, w_smem[0].index(i).permute((1, 0)), acc[0], is_async=True)
         a1 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[1].type.layout, 2), assert_trivial=True),
-                           w_smem[1].index(idx).permute((1, 0)), acc[1], is_async=True)
+                           w_smem[1].index(i).permute((1, 0)), acc[1], is_async=True)
         a2 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[2].type.layout, 2), assert_trivial=True),
-                           w_smem[2].index(idx).permute((1, 0)), acc[2], is_async=True)
+                           w_smem[2].index(i).permute((1, 0)), acc[2], is_async=True)
         return a0, a1, a2
 
     @gluon.jit
@@ -180,10 +183,6 @@ if gluon is not None:
         # Wait for every MMA in flight; `a` (their register operand) stays allocated until then.
         d = warpgroup_mma_wait(0, deps=[p[0], p[1], p[2], q[0], q[1], q[2], r[0], r[1], r[2], a])
         return (d[0], d[1], d[2]), (d[3], d[4], d[5]), (d[6], d[7], d[8])
-
-    @gluon.jit
-    def _zeros(like):
-        return (gl.zeros_like(like[0]), gl.zeros_like(like[1]), gl.zeros_like(like[2]))
 
     @gluon.jit
     def _store_g_part(part, n0: gl.constexpr, base, n_px):
@@ -211,12 +210,11 @@ if gluon is not None:
             gl.store(nc_ptr + offs, gl.zeros([64, 64], gl.bfloat16, blk), mask=(px < HW)[None, :])
 
     @gluon.jit
-    def _mma_frame(slots, act, free, w_smem, nc_desc, qf, s, img, p0, T, acc_p, acc_q, acc_r, store_nc,
-                   TAP2: gl.constexpr, TAP1: gl.constexpr, TAP0: gl.constexpr, KC: gl.constexpr,
-                   NSLOT: gl.constexpr):
+    def _mma_frame(slots, act, free, w_smem, nc_desc, qf, img, p0, acc_p, acc_q, acc_r, s: gl.constexpr,
+                   T: gl.constexpr, KC: gl.constexpr, NSLOT: gl.constexpr):
         # Window frame s into output frames s-2 (acc_p, tap 2), s-1 (acc_q, tap 1) and s (acc_r, tap 0), for the
-        # taps whose output frame exists. store_nc: frame s is frame s - T of the new cache. Returns the drained
-        # accumulators (so that run-time branches can hold this).
+        # output frames that exist; frames s >= T are also the new cache's frame s - T. Returns the accumulators
+        # drained.
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_p[0].type.layout, k_width=2)
         a = gl.zeros([64, 64], gl.bfloat16, dot_a)
         for kc in gl.static_range(KC):
@@ -224,17 +222,17 @@ if gluon is not None:
             slot = slots.index(q % NSLOT)
             mbarrier.wait(act.index(q % NSLOT), (q // NSLOT) & 1)
             a_next = slot.reshape([64, 64]).permute((1, 0)).load(dot_a)  # [pixels, channels]
-            if store_nc:
+            if s >= T:
                 tma.async_copy_shared_to_global(nc_desc, [img, kc * 64, s - T, p0], slot)
             acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)  # the previous chunk's MMAs
             a = a_next
-            if TAP2:
+            if s >= 2:
                 acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
-            if TAP1:
+            if (s >= 1) & (s <= T):
                 acc_q = _mma(a, w_smem, KC + kc, acc_q)
-            if TAP0:
+            if s < T:
                 acc_r = _mma(a, w_smem, kc, acc_r)
-            if store_nc:
+            if s >= T:
                 tma.store_wait(0)  # the store has read the slot
             fence_async_shared()  # our shared loads before the loader's next TMA write
             gl.thread_barrier()
@@ -242,53 +240,42 @@ if gluon is not None:
         return _drain(acc_p, acc_q, acc_r, a)
 
     @gluon.jit
-    def _mma_partition(slots, act, free, w_smem, w_bar, nc_desc, g_ptr, pid, nprog, my_tiles, tiles_per_img, T, HW,
-                       C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+    def _mma_partition(slots, act, free, w_smem, w_bar, nc_desc, g_ptr, pid, nprog, my_tiles, tiles_per_img, HW,
+                       T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         # The default partition (one warpgroup): the GEMM and the g stores. It holds three output frames'
-        # accumulators, [64, 112] fp32 each (168 registers per thread).
+        # accumulators, [64, 112] fp32 each (168 registers per thread). The frames are unrolled (T is a compile-time
+        # constant) so the accumulators change roles by renaming: register copies of an accumulator make ptxas
+        # serialise every wgmma (C7514).
         KC: gl.constexpr = C // 64
         S0: gl.constexpr = 0 if HAS_CACHE else 2
-        QT = (T + 2 - S0) * KC
+        QT: gl.constexpr = (T + 2 - S0) * KC
         mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
         mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 16])
         mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
-        zero = (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32),
-                gl.zeros([64, 16], gl.float32, mma16))
         mbarrier.wait(w_bar, 0)
         for i in range(my_tiles):
             tile = pid + i * nprog
             img = tile // tiles_per_img
             p0 = (tile % tiles_per_img) * 64
-            qt = i * QT
+            zero = (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32),
+                    gl.zeros([64, 16], gl.float32, mma16))
             # acc_p: output s-2 (tap 2, complete after frame s); acc_q: output s-1; acc_r: output s (tap 0)
             acc_p = zero
             acc_q = zero
             acc_r = zero
-            if HAS_CACHE:  # window frames 0 and 1; frame 1 is the new cache's first frame when T = 1
-                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt, 0, img, p0, T, acc_p, acc_q,
-                                                 acc_r, False, False, False, True, KC, NSLOT)
-                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
-                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + KC, 1, img, p0, T, acc_p,
-                                                 acc_q, acc_r, T == 1, False, True, True, KC, NSLOT)
-                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
-            for s in range(2, T):  # every tap lands in an output frame
-                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + (s - S0) * KC, s, img, p0,
-                                                 T, acc_p, acc_q, acc_r, False, True, True, True, KC, NSLOT)
-                _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)
-                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
-            if T >= 2:  # window frame T: the new cache's first frame
-                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + (T - S0) * KC, T, img, p0,
-                                                 T, acc_p, acc_q, acc_r, True, True, True, False, KC, NSLOT)
-                _store_g(acc_p, g_ptr, img, T - 2, p0, HW, T)
-                acc_p, acc_q, acc_r = acc_q, acc_r, _zeros(zero)
-            acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, qt + (T + 1 - S0) * KC, T + 1, img,
-                                             p0, T, acc_p, acc_q, acc_r, True, True, False, False, KC, NSLOT)
-            _store_g(acc_p, g_ptr, img, T - 1, p0, HW, T)
+            for s in gl.static_range(S0, T + 2):
+                acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, i * QT + (s - S0) * KC, img, p0,
+                                                 acc_p, acc_q, acc_r, s, T, KC, NSLOT)
+                if s >= 2:
+                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)
+                acc_p = acc_q
+                acc_q = acc_r
+                acc_r = zero
 
     @gluon.jit
     def _head_g_kernel(x_desc, c_desc, nc_desc, w64_desc, w32_desc, w16_desc, gs_ptr, g_ptr, nc_ptr,
-                       T, HW, n_tiles, tiles_per_img, eps,
-                       C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+                       HW, n_tiles, tiles_per_img, eps,
+                       T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         KC: gl.constexpr = C // 64
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
@@ -317,11 +304,11 @@ if gluon is not None:
                                             w_smem[2].index(i))
         gl.warp_specialize([
             (_mma_partition, (slots, act, free, w_smem, w_bar.index(0), nc_desc, g_ptr, pid, nprog, my_tiles,
-                              tiles_per_img, T, HW, C, HAS_CACHE, NSLOT)),
+                              tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
             (_loader, (x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
-                       tiles_per_img, T, HW, C, HAS_CACHE, NSLOT)),
+                       tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
             (_activator, (x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
-                          tiles_per_img, T, HW, C, HAS_CACHE, NSLOT)),
+                          tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
         ], [1, 8], [24, 80])
 
 
@@ -365,8 +352,8 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
                for n in (64, 32, 16)]
     ints = _ints(b, h, w)
     grid = min(ints[1], _sm_count(features.device))
-    _head_g_kernel[(grid,)](x_desc, c_desc, nc_desc, *w_descs, gs, g, new_cache, t, *ints, float(eps),
-                            C=c, HAS_CACHE=cache is not None, NSLOT=_slots(c), num_warps=4, maxnreg=MAXNREG)
+    _head_g_kernel[(grid,)](x_desc, c_desc, nc_desc, *w_descs, gs, g, new_cache, *ints, float(eps),
+                            T=t, C=c, HAS_CACHE=cache is not None, NSLOT=_slots(c), num_warps=4, maxnreg=MAXNREG)
     _compiled.add(_key(features.device, c, t, cache is not None, ints))
 
 
