@@ -16,13 +16,18 @@ from taesd_fast.kernels import head_fused as hf
 from taesd_fast.timing import graphed, time_ms
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / "head_wgmma.py"
-MMA = """            if TAP2:
+MMA = """            if s >= 2:
                 acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
-            if TAP1:
+            if (s >= 1) & (s <= T):
                 acc_q = _mma(a, w_smem, KC + kc, acc_q)
-            if TAP0:
+            if s < T:
                 acc_r = _mma(a, w_smem, kc, acc_r)
 """
+PIECES = """        a1 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[1].type.layout, 2), assert_trivial=True),
+                           w_smem[1].index(i).permute((1, 0)), acc[1], is_async=True)
+        a2 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[2].type.layout, 2), assert_trivial=True),
+                           w_smem[2].index(i).permute((1, 0)), acc[2], is_async=True)
+        return a0, a1, a2"""
 SILU = """                        gs = gl.load(gs_ptr + kc * 64 + ch)
                         y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
                         y = y.to(gl.float32)
@@ -38,6 +43,26 @@ VARIANTS = {
     "no SiLU/write-back (norm kept)": [(SILU, "")],
     "no norm, no SiLU": [(NORM, NO_NORM)],
     "loads only (no MMA, norm, SiLU)": [(MMA, ""), (NORM, NO_NORM)],
+    "64-column MMA piece only": [(PIECES, "        return a0, acc[1], acc[2]")],
+    "64-column piece only, no norm/SiLU": [(PIECES, "        return a0, acc[1], acc[2]"), (NORM, NO_NORM)],
+    "narrow pieces from shared memory, drained per chunk": [
+        ("    def _mma(a, w_smem, idx: gl.constexpr, acc):", "    def _mma(a, a_smem, w_smem, idx: gl.constexpr, acc):"),
+        ("gl.convert_layout(a, gl.DotOperandLayout(0, acc[1].type.layout, 2), assert_trivial=True)", "a_smem"),
+        ("gl.convert_layout(a, gl.DotOperandLayout(0, acc[2].type.layout, 2), assert_trivial=True)", "a_smem"),
+        ("_mma(a, w_smem, 2 * KC + kc, acc_p)", "_mma(a, slot.reshape([64, 64]).permute((1, 0)), w_smem, 2 * KC + kc, acc_p)"),
+        ("_mma(a, w_smem, KC + kc, acc_q)", "_mma(a, slot.reshape([64, 64]).permute((1, 0)), w_smem, KC + kc, acc_q)"),
+        ("_mma(a, w_smem, kc, acc_r)", "_mma(a, slot.reshape([64, 64]).permute((1, 0)), w_smem, kc, acc_r)"),
+        ("""            if s >= T:
+                tma.store_wait(0)  # the store has read the slot""", """            acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
+            if s >= T:
+                tma.store_wait(0)  # the store has read the slot"""),
+    ],
+    "all pieces from registers, drained per chunk": [
+        ("""            if s >= T:
+                tma.store_wait(0)  # the store has read the slot""", """            acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
+            if s >= T:
+                tma.store_wait(0)  # the store has read the slot"""),
+    ],
 }
 
 
@@ -66,7 +91,7 @@ def main() -> None:
     for name, edits in VARIANTS.items():
         try:
             mod = load_variant(name, edits)
-            ms = time_ms(graphed(lambda: mod.launch(feat, cache, gs, wt, g, nc, 1e-12)))
+            ms = time_ms(graphed(lambda mod=mod: mod.launch(feat, cache, gs, wt, g, nc, 1e-12)))
             print(f"{name:34s} {ms:8.4f} ms", flush=True)
         except Exception as err:  # noqa: BLE001  a diagnostic: report and go on
             print(f"{name:34s} failed: {type(err).__name__}: {str(err)[:300]}", flush=True)

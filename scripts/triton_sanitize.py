@@ -1,6 +1,9 @@
-"""Launch the Triton kernels (tensor-core conv incl. its TMA and row-streaming variants, fused head, norm+SiLU window)
+"""Launch the Triton and Gluon kernels (tensor-core conv incl. its TMA and row-streaming variants, fused head with its
+Triton and Hopper g kernels, norm+SiLU window)
 on small odd shapes with every optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error
-vs each PyTorch twin."""
+vs each PyTorch twin. `--head-only`: just the head kernels."""
+import sys
+
 import torch
 
 from taesd_fast.kernels import conv_halo, conv_tc, head_act, head_fused
@@ -9,10 +12,11 @@ from taesd_fast.kernels import head as hk
 g = torch.Generator(device="cuda").manual_seed(0)
 rnd = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
 rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
-for cin, cout, H, W, stride, up, clamp in [(64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False),
-                                            (64, 64, 9, 11, 1, 2, False), (3, 64, 17, 9, 1, 1, False),
-                                            (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False),
-                                            (64, 64, 7, 70, 1, 1, False), (64, 3, 5, 130, 1, 1, False)]:
+CONV_CASES = [] if "--head-only" in sys.argv else [
+    (64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False), (64, 64, 9, 11, 1, 2, False),
+    (3, 64, 17, 9, 1, 1, False), (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False),
+    (64, 64, 7, 70, 1, 1, False), (64, 3, 5, 130, 1, 1, False)]
+for cin, cout, H, W, stride, up, clamp in CONV_CASES:
     for optional in (True, False):
         x = rnd(2, cin, H, W).half().contiguous(memory_format=torch.channels_last)
         w = (rnd(cout, cin, 3, 3) / (9 * cin) ** 0.5).half()
@@ -33,8 +37,11 @@ for cin, cout, H, W, stride, up, clamp in [(64, 64, 19, 21, 1, 1, False), (64, 6
             conv_halo._rows_per_program = rows_per_program
             print(f"tc {cfg or 'default'} {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: "
                   f"rel err {rel(y, ref):.2e}")
-for t, with_cache in ((1, False), (3, True)):
-    c, h, w_ = 256, 13, 21
+# (T, cache, H, W): odd sizes take the Triton head kernel; H*W multiples of 8 the Gluon one on sm_90 (64x136: more
+# 64-pixel tiles than SMs, so programs walk two tiles and the TMA ring wraps across them).
+for t, with_cache, h, w_ in ((1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40), (4, True, 64, 136),
+                             (2, True, 12, 20)):
+    c = 256
     x = rnd(1, c, t, h, w_).bfloat16()
     cache = torch.nn.functional.silu(rnd(1, c, 2, h, w_)).bfloat16() if with_cache else None
     gamma = (1 + 0.1 * rnd(c, 1, 1, 1)).bfloat16()
@@ -42,8 +49,10 @@ for t, with_cache in ((1, False), (3, True)):
     bias = (0.1 * rnd(12)).bfloat16()
     ref = hk.causal_window(hk.activate(x, gamma, 1e-12), cache)
     win = head_act.activated_window(x, cache, gamma, 1e-12)
-    out, _ = head_fused.fused_head(x, cache, gamma, wt, bias, 1e-12, c**0.5)
+    variant = head_fused._variant("auto", x, cache)
+    out, new_cache = head_fused.fused_head(x, cache, gamma, wt, bias, 1e-12, c**0.5)
     torch.cuda.synchronize()
     conv_ref = torch.nn.functional.conv3d(ref.float(), wt.float(), bias.float(), padding=(0, 1, 1)).clamp(-1, 1)
-    print(f"head T={t} cache={with_cache}: window rel err {rel(win, ref):.2e}, fused head rel err {rel(out, conv_ref):.2e}")
+    print(f"head T={t} cache={with_cache} {h}x{w_}: window rel err {rel(win, ref):.2e}, fused head ({variant}) rel "
+          f"err {rel(out, conv_ref):.2e}, new cache rel err {rel(new_cache, ref[:, :, -2:]):.2e}")
 print("sanitize script done")

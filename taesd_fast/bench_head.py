@@ -52,9 +52,12 @@ def _full_head_rows(rows, feat, cache, gamma, w, b) -> None:
             rows.append(("(i) OutputHead.forward, auto, CUDA graph", time_ms_graphed(lambda: head(feat, cache)), ""))
         if head_fused.triton_available():
             eps, scale = head.norm_out.eps, feat.shape[1] ** 0.5
-            rows.append(("(i) fused Triton head (norm+SiLU+GEMM, stencil), graph",
-                         time_ms_graphed(lambda: head_fused.fused_head(feat, cache, gamma, w, b, eps, scale)),
-                         "input read once: 692 MB = 0.163 ms at 4.24 TB/s"))
+            fused = lambda cfg: lambda: head_fused.fused_head_with(feat, cache, gamma, w, b, eps, scale, cfg)  # noqa: E731
+            rows.append(("(i) fused head (norm+SiLU+GEMM, then stencil), default g kernel, graph",
+                         time_ms_graphed(fused(None)),
+                         f"g kernel: {head_fused._variant('auto', feat, cache)}; input read once: 692 MB = 0.163 ms"))
+            rows.append(("(i) fused head with the Triton g kernel (roll), graph",
+                         time_ms_graphed(fused({"variant": "roll"})), ""))
             from .kernels import head_act
 
             rows.append(("(i) Triton norm+SiLU window, then split conv, graph",

@@ -186,8 +186,9 @@ def _tc_candidate() -> Candidate:
 
 
 def _fused_head_candidate() -> Candidate:
-    """The fused Triton head (kernels/head_fused.py: norm + SiLU + temporal GEMM, then our NVRTC stencil),
-    imported on first use. Reads NCDHW features and chunk slices of them in place."""
+    """The fused head (kernels/head_fused.py: norm + SiLU + temporal GEMM in one kernel, the Gluon wgmma one on
+    sm_90 (head_wgmma.py) or a Triton one elsewhere, then our NVRTC stencil), imported on first use. Reads NCDHW
+    features and chunk slices of them in place."""
 
     def fh():
         from .kernels import head_fused

@@ -1,26 +1,33 @@
-"""The fused head's g kernel for Hopper (Gluon: TMA, asynchronous wgmma, weights resident in shared memory).
+"""The fused head's g kernel for Hopper (Gluon: TMA, asynchronous wgmma, warp specialisation, weights resident in shared
+memory).
 
 What: the same g and new cache as head_fused's Triton kernels (RMS norm + SiLU of the raw features, then the causal
 temporal GEMM into the 112 spatial-tap channels of g; head_stencil does the rest), for sm_90.
 
 Why: the Triton "roll" kernel reloads its 3 x 64 KB of weights from L2 for every 32-pixel tile, and its three fp32
-accumulators keep occupancy low: 1.58 ms for the Wan chunk (BENCHMARKS.md, run D), against 0.163 ms to read it.
+accumulators keep occupancy low: 1.57 ms for the Wan chunk, against 0.163 ms to read it.
 
 How: a persistent grid, one program per SM. The weights W^T [3 taps, 112, C] bf16 (168 KB at C = 256) are loaded
-once per program and stay in shared memory. A program walks its 64-pixel tiles; for each tile it reads the window
-frames in order (the 2 cached frames, then the T feature frames), each as C/64 TMA boxes [64 channels, 64 pixels]
-into a ring of NSLOT 8 KB slots (7 fit beside the weights at C = 256). A feature frame is read from shared memory
-twice: once for each pixel's sum of squares, once to normalise and apply SiLU in registers; the activated chunk is
-written back in place and is then the wgmma A operand (its pixel-major view) and, for the last two window frames, the
-source of a TMA store into the new cache. Window frame s feeds output frames s-2, s-1 and s (taps 2, 1, 0), held in
-three rotating fp32 accumulators; output s-2 is complete after frame s and leaves as bf16 g. With 8 warps the two
-warpgroups split N (56 columns each: 3 x 28 accumulator registers per thread). A slot is refilled as soon as the
-MMAs reading it are done (one chunk later), so the next frame's chunks load while this one is processed.
+once per program and stay in shared memory, in column pieces of 64 + 32 + 16 rows (tensor shapes are powers of two).
+A program walks its 64-pixel tiles; for each tile the window frames (the 2 cached ones, then the T feature frames)
+stream through a ring of NSLOT 8 KB slots (7 fit beside the weights), each as C/64 TMA boxes [64 channels,
+64 pixels]. Three partitions, synchronised by mbarriers per slot (ready -> act -> free):
+  * loader (1 warp): TMA loads into freed slots;
+  * activator (8 warps): per feature frame, each pixel's sum of squares over the C/64 resident chunks, then RMS
+    norm + SiLU chunk by chunk, written back in place (the reference's two bf16 roundings); cached frames pass;
+  * MMA (the default partition, one warpgroup, 168 accumulator registers): each chunk into registers (the wgmma A
+    operand), then window frame s feeds output frames s-2, s-1 and s (taps 2, 1, 0) in three fp32 accumulators;
+    output s-2 is complete after frame s and leaves as bf16 g; frames T, T+1 also leave through TMA stores as the
+    new cache. The frames are unrolled (T is a compile-time constant, up to MAX_T), so the accumulators rotate by
+    renaming: register copies of an accumulator made ptxas serialise every wgmma.
 
-Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound. Per program and 64-pixel
-tile: 312 KB moved (6 frames x 32 KB in, 2 x 32 KB new cache out, 4 x 14 KB g out), ~17.8k cycles at a 1/132 share
-of 4.24 TB/s, against ~10.7k cycles of MMA and ~11k of shared-memory traffic. 1125 MB in all: 0.27 ms at peak,
-0.32-0.38 ms expected; with the stencil (0.086 ms) the head at ~0.41-0.47 ms (1.19 ms before).
+Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound, 0.32-0.38 ms (1125 MB
+moved, 0.27 ms at the copy ceiling; ~10.7k cycles of MMA against ~17.8k of HBM share per tile). Measured
+(BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s. What limits it (scripts/head_wgmma_probe.py): the loader alone streams
+the chunk at 0.34 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the 32- and
+16-column pieces cost 0.31 ms (a narrow wgmma costs about as much as a 64-column one, from registers or from shared
+memory); both together 0.75 ms. A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one
+frame, no prefetch.
 
 Covers C a multiple of 64 up to 256, C_out <= 12 (g's 112 columns), 1 <= T <= MAX_T, H*W a multiple of 8 and
 16-byte aligned strides (TMA), sm_90 with Gluon; `unsupported_reason` says why not, and head_fused then runs its

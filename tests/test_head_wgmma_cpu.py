@@ -1,0 +1,81 @@
+"""CPU checks of the Gluon head kernel's host side (kernels/head_wgmma.py) and of how head_fused picks it.
+The kernel itself runs in tests/gpu/test_head_fused_gpu.py (sm_90)."""
+
+import pytest
+import torch
+
+from taesd_fast.kernels import head_fused as hf
+from taesd_fast.kernels import head_wgmma as hw
+
+pytestmark = pytest.mark.skipif(hw._GLUON_ERROR is not None, reason=f"no Gluon: {hw._GLUON_ERROR}")
+
+
+def test_ring_fits_beside_the_weights():
+    # 3 taps x 112 x C bf16 stay resident; the rest of sm_90's 227 KB holds 8 KB slots, at least a frame plus one.
+    for c in (64, 128, 256):
+        slots = hw._slots(c)
+        assert slots >= c // 64 + 1
+        assert 3 * hw.G * c * 2 + slots * 64 * 64 * 2 + 1024 <= hw.SMEM_BYTES
+    assert hw._slots(256) == 7
+
+
+@pytest.mark.parametrize("c,t,h,w,device,expect", [
+    (256, 4, 352, 640, "cpu", "needs an sm_90 GPU"),
+    (256, 4, 9, 7, "cpu", "needs an sm_90 GPU"),  # the device is checked first
+])
+def test_shape_reason_on_cpu(c, t, h, w, device, expect):
+    assert expect in hw.shape_reason(c, t, h, w, device)
+
+
+def test_shape_reason_names_the_limit(monkeypatch):
+    monkeypatch.setattr(hw, "_capability", lambda device: 9)  # as on an H100/H200
+    assert hw.shape_reason(256, 4, 352, 640, "cuda:0") is None
+    assert "multiple of 64 up to 256" in hw.shape_reason(96, 4, 8, 8, "cuda:0")
+    assert "multiple of 64 up to 256" in hw.shape_reason(512, 4, 8, 8, "cuda:0")
+    assert "T=17 > 16" in hw.shape_reason(256, 17, 8, 8, "cuda:0")
+    assert "H*W=63 is not a multiple of 8" in hw.shape_reason(256, 4, 9, 7, "cuda:0")
+    monkeypatch.setattr(hw, "_capability", lambda device: 8)
+    assert "needs an sm_90 GPU" in hw.shape_reason(256, 4, 352, 640, "cuda:0")
+
+
+def test_unsupported_reason_checks_tma_strides(monkeypatch):
+    monkeypatch.setattr(hw, "shape_reason", lambda *a: None)  # pretend the device and shape are fine
+    x = torch.randn(2, 64, 6, 4, 8).bfloat16()
+    assert hw.unsupported_reason(x, None) is None
+    assert hw.unsupported_reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
+    # a channel stride of 193 elements (386 bytes) cannot be a TMA stride
+    uneven = torch.randn(2 * 65 * 193).bfloat16().as_strided((2, 64, 6, 4, 8), (65 * 193, 193, 32, 8, 1))
+    assert "features is not 16-byte aligned in every stride" in hw.unsupported_reason(uneven, None)
+    shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
+    assert "features is not 16-byte aligned" in hw.unsupported_reason(shifted, None)
+    assert "cache is not 16-byte aligned" in hw.unsupported_reason(x, shifted[:, :, :2])
+
+
+def test_descriptor_gives_size_one_dims_dense_strides():
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
+    d = hw._desc(x[:, :, 1:2], 1, layout)  # T = 1 and B = 1: torch may give those dims any stride
+    assert list(d.shape) == [1, 256, 1, 128]
+    assert list(d.strides) == [256 * 512, 512, 128, 1]
+    assert list(d.block_shape) == [1, 64, 1, 64]
+
+
+def test_auto_variant_falls_back_and_forced_variant_says_why():
+    features = torch.randn(1, 256, 2, 8, 8).bfloat16()
+    assert hf._variant("auto", features, None) == "roll"  # CPU: not sm_90
+    assert hf._variant("per_t", features, None) == "per_t"
+    with pytest.raises(ValueError, match="variant 'wgmma' cannot run this call: needs an sm_90 GPU"):
+        hf._variant("wgmma", features, None)
+
+
+def test_set_default_config_accepts_the_hopper_variant():
+    old = dict(hf.DEFAULT_CONFIG)
+    try:
+        hf.set_default_config(variant="wgmma")
+        assert hf.DEFAULT_CONFIG["variant"] == "wgmma"
+        hf.set_default_config(variant="auto")
+    finally:
+        hf.DEFAULT_CONFIG.clear()
+        hf.DEFAULT_CONFIG.update(old)
