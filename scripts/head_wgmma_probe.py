@@ -57,6 +57,12 @@ VARIANTS = {
             if s >= T:
                 tma.store_wait(0)  # the store has read the slot"""),
     ],
+    "16 activation warps (4 pixels per thread)": [
+        ("gl.BlockedLayout([1, 8], [32, 1], [1, gl.num_warps()], [1, 0])",
+         "gl.BlockedLayout([1, 64 // gl.num_warps()], [32, 1], [1, gl.num_warps()], [1, 0])"),
+        ("], [1, 8], [24, 80])", "], [1, 16], [24, 56])"),
+        ("MAXNREG = 128", "MAXNREG = 80"),
+    ],
     "all pieces from registers, drained per chunk": [
         ("""            if s >= T:
                 tma.store_wait(0)  # the store has read the slot""", """            acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)
@@ -78,6 +84,7 @@ def load_variant(name: str, edits) -> object:
 
 
 def main() -> None:
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     b, c, t, h, w = 1, 256, int(sys.argv[1]) if len(sys.argv) > 1 else 4, 352, 640
     torch.manual_seed(0)
     feat = torch.randn(b, c, t, h, w, device="cuda").bfloat16()
@@ -89,6 +96,8 @@ def main() -> None:
     g = feat.new_empty((b, t, h, w, hf.GC))
     nc = feat.new_empty((b, c, 2, h, w))
     for name, edits in VARIANTS.items():
+        if only and not any(o in name for o in only):
+            continue
         try:
             mod = load_variant(name, edits)
             ms = time_ms(graphed(lambda mod=mod: mod.launch(feat, cache, gs, wt, g, nc, 1e-12)))
