@@ -31,19 +31,9 @@ import functools
 import torch
 from torch import Tensor
 
+from ._gluon import GLUON_ERROR as _GLUON_ERROR
+from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from .conv_tc import _capability
-
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    _GLUON_ERROR: str | None = None
-except Exception as e:  # older Triton without Gluon's Hopper API, or no Triton at all
-    gluon = gl = None
-    _GLUON_ERROR = f"Gluon (Triton's Hopper API) not importable ({type(e).__name__}: {e})"
 
 C = 64  # channels in and out
 STAGES = 2  # input rows in flight for 64->64 (shared memory: weights 72 KB + STAGES x (3 + residual) boxes of 16 KB)
