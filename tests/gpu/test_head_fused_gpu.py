@@ -227,13 +227,14 @@ def test_cuda_graph_capture_and_replay(with_cache):
         assert torch.equal(static_out, want_out) and torch.equal(static_cache, want_cache)
 
 
-def test_spec_ready_after_a_launch():
+@pytest.mark.parametrize("h,w", [(13, 17), (12, 20)])  # the Triton g kernel; the Gluon one on sm_90
+def test_spec_ready_after_a_launch(h, w):
     from taesd_fast import _backend, dispatch
 
     if _backend.kernels_unavailable_reason() is not None:
         pytest.skip(f"stencil kernel unavailable: {_backend.kernels_unavailable_reason()}")
     head = _head(seed=11)
-    features, cache = _inputs(1, 256, 3, 13, 17, seed=11)
+    features, cache = _inputs(1, 256, 3, h, w, seed=11)
     spec = dispatch.Spec("head_full", "cuda:0", tuple(features.shape), (12, 256, 3, 3, 3), torch.bfloat16, 1, True,
                          True, False, "nchw")
     assert hf.spec_unsupported_reason(spec) is None
@@ -241,10 +242,11 @@ def test_spec_ready_after_a_launch():
     assert hf.spec_ready(spec)
 
 
+@pytest.mark.parametrize("h,w", [(9, 11), (8, 16)])  # the Triton g kernel; the Gluon one on sm_90
 @pytest.mark.parametrize("with_cache", [False, True])
-def test_opcheck(with_cache):
+def test_opcheck(with_cache, h, w):
     head = _head(seed=12)
-    features, cache = _inputs(1, 256, 2, 9, 11, seed=12, with_cache=with_cache)
+    features, cache = _inputs(1, 256, 2, h, w, seed=12, with_cache=with_cache)
     torch.library.opcheck(hf.fused_head, (features, cache, *_params(head), EPS, 256**0.5))
 
 
