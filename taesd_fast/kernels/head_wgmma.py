@@ -101,6 +101,7 @@ if gluon is not None:
     def _loader(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img,
                 HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         # 1 warp: TMA-loads every chunk of the stream into slot q % NSLOT once the MMA partition has freed it.
+        # (Worker partitions share one signature: gs_ptr, nc_ptr and eps are the activator's.)
         KC: gl.constexpr = C // 64
         S0: gl.constexpr = 0 if HAS_CACHE else 2  # without a cache, window frames 0 and 1 are zeros: skipped
         QT = (T + 2 - S0) * KC
