@@ -51,7 +51,7 @@ def main() -> None:
         rows.append((name, time_ms(graphed(fn)), f"rel err {rel(out):.3e}"))
 
     # The g kernel alone (outputs allocated once, outside the graph).
-    wt = hf.pack_weight_taps(weight)[:, :, :hf.GC].transpose(1, 2).contiguous()
+    wt = hf.pack_weight_taps_t(weight)
     gs = hf.scaled_gamma(gamma, scale)
     g = feat.new_empty((b, t, h, w, hf.GC))
     new_cache = feat.new_empty((b, c, 2, h, w))

@@ -91,7 +91,7 @@ def main() -> None:
     cache = F.silu(torch.randn(b, c, 2, h, w, device="cuda")).bfloat16()
     gamma = (1 + 0.1 * torch.randn(c, 1, 1, 1, device="cuda")).bfloat16()
     weight = (torch.randn(12, c, 3, 3, 3, device="cuda") * (0.6 / (27 * c) ** 0.5)).bfloat16()
-    wt = hf.pack_weight_taps(weight)[:, :, :hf.GC].transpose(1, 2).contiguous()
+    wt = hf.pack_weight_taps_t(weight)
     gs = hf.scaled_gamma(gamma, c**0.5)
     g = feat.new_empty((b, t, h, w, hf.GC))
     nc = feat.new_empty((b, c, 2, h, w))

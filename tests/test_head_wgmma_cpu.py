@@ -19,12 +19,9 @@ def test_ring_fits_beside_the_weights():
     assert hw._slots(256) == 7
 
 
-@pytest.mark.parametrize("c,t,h,w,device,expect", [
-    (256, 4, 352, 640, "cpu", "needs an sm_90 GPU"),
-    (256, 4, 9, 7, "cpu", "needs an sm_90 GPU"),  # the device is checked first
-])
-def test_shape_reason_on_cpu(c, t, h, w, device, expect):
-    assert expect in hw.shape_reason(c, t, h, w, device)
+def test_shape_reason_on_cpu():
+    assert "needs an sm_90 GPU" in hw.shape_reason(256, 4, 352, 640, "cpu")
+    assert "needs an sm_90 GPU" in hw.shape_reason(256, 4, 9, 7, "cpu")  # the device is checked first
 
 
 def test_shape_reason_names_the_limit(monkeypatch):
@@ -79,3 +76,12 @@ def test_set_default_config_accepts_the_hopper_variant():
     finally:
         hf.DEFAULT_CONFIG.clear()
         hf.DEFAULT_CONFIG.update(old)
+
+
+def test_transposed_taps_are_the_packed_weight():
+    # W^T[k, n, cin] = pack_weight(weight)[n, cin, k]: tap k of g column n (9 spatial taps x 12 outputs).
+    weight = torch.randn(12, 64, 3, 3, 3)
+    wt = hf.pack_weight_taps_t(weight)
+    assert wt.shape == (3, hf.GC, 64) and wt.dtype == torch.bfloat16 and wt.is_contiguous()
+    packed = hf._split.pack_weight(weight).reshape(-1, 64, 3)[: hf.GC]
+    assert torch.equal(wt, packed.permute(2, 0, 1).bfloat16())

@@ -85,6 +85,7 @@ POISON = False  # tests set this: NaN-fill g and the new cache before the kernel
 
 __all__ = [
     "VARIANTS", "DEFAULT_CONFIG", "triton_available", "triton_unavailable_reason", "pack_weight_taps",
+    "pack_weight_taps_t",
     "check_fused_head", "fused_head_unsupported_reason", "launch_head_g", "fused_head", "fused_head_ref",
     "fused_head_with", "activate_ref", "set_default_config", "head_full_triton", "spec_unsupported_reason",
     "spec_ready",
@@ -121,13 +122,19 @@ def pack_weight_taps(weight: Tensor, n_pad: int = N_PAD) -> Tensor:
     return wp.reshape(n_pad, weight.shape[1], 3).permute(2, 1, 0).to(torch.bfloat16).contiguous()
 
 
+def pack_weight_taps_t(weight: Tensor) -> Tensor:
+    """[C_out, C_in, 3, 3, 3] -> W^T [3, GC, C_in] bf16, the Gluon g kernel's layout: pack_weight_taps per tap
+    transposed, its GC used columns as rows (K contiguous, as wgmma's B operand in shared memory wants)."""
+    return pack_weight_taps(weight)[:, :, :GC].transpose(1, 2).contiguous()
+
+
 def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: float, variant: str):
     """(the variant's packed weight, bias fp32, scale*gamma fp32), cached on the source tensors like
     split_head_conv's packed weights. The Triton kernels take Wk [3, C, 128]; the Gluon one W^T [3, 112, C]."""
     get = derived.get
     with torch.no_grad():  # parameters require grad; the cached copies must not hold autograd graphs
         if variant == HOPPER:
-            wk = get(weight, ("fused_taps_t",), lambda: pack_weight_taps(weight)[:, :, :GC].transpose(1, 2).contiguous())
+            wk = get(weight, ("fused_taps_t",), lambda: pack_weight_taps_t(weight))
         else:
             wk = get(weight, ("fused_taps",), lambda: pack_weight_taps(weight))
         b32 = get(weight if bias is None else bias, ("bias32", bias is None), lambda: _split._bias32(weight, bias))
