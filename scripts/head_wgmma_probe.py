@@ -30,24 +30,14 @@ PIECES = """        a1 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(
         return a0, a1, a2"""
 SILU = """                        gs = gl.load(gs_ptr + kc * 64 + ch)
                         y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
-                        y = y.to(gl.float32)
-                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
+                        view.store(_silu(y.to(gl.float32)).to(gl.bfloat16))
 """
 NORM = """                if s >= 2:
                     inv = _inv_norm("""
 NO_NORM = """                if s >= 1000:
                     inv = _inv_norm("""
-TANH_SILU = """                        h = 0.5 * y.to(gl.float32)
-                        t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [h], dtype=gl.float32,
-                                                      is_pure=True, pack=1)
-                        view.store((h + h * t).to(gl.bfloat16))
-"""
 VARIANTS = {
     "baseline": [],
-    # silu(y) = y/2 * (1 + tanh(y/2)): one MUFU op per element instead of two (ex2 and the division's reciprocal)
-    "SiLU through tanh.approx": [("""                        y = y.to(gl.float32)
-                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
-""", TANH_SILU)],
     "no MMA": [(MMA, "")],
     "no SiLU/write-back (norm kept)": [(SILU, "")],
     "no norm, no SiLU": [(NORM, NO_NORM)],

@@ -127,6 +127,14 @@ if gluon is not None:
         return gl.div_rn(gl.full([64], 1.0, gl.float32, gl.SliceLayout(0, blk)), gl.maximum(gl.sqrt_rn(ss), eps))
 
     @gluon.jit
+    def _silu(y):
+        # y * sigmoid(y) = h + h * tanh(h), h = y / 2: one MUFU op per element where exp and a division take two
+        # (the activation warps are MUFU-bound: g kernel 0.750 -> 0.725 ms, same error vs fp32, BENCHMARKS.md).
+        h = 0.5 * y
+        t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [h], dtype=gl.float32, is_pure=True, pack=1)
+        return h + h * t
+
+    @gluon.jit
     def _activator(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
                    tiles_per_img, HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
         # 8 warps: RMS norm + SiLU of each feature frame, written back in place (the reference's two bf16
@@ -152,8 +160,7 @@ if gluon is not None:
                         view = slots.index(q % NSLOT).reshape([64, 64])
                         gs = gl.load(gs_ptr + kc * 64 + ch)
                         y = (view.load(blk).to(gl.float32) * inv[None, :] * gs[:, None]).to(gl.bfloat16)
-                        y = y.to(gl.float32)
-                        view.store((y / (1.0 + gl.exp(-y))).to(gl.bfloat16))
+                        view.store(_silu(y.to(gl.float32)).to(gl.bfloat16))
                         fence_async_shared()  # the MMA partition's TMA store reads it through the async proxy
                         gl.thread_barrier()  # every warp's part is written (arrive is one thread's)
                         mbarrier.arrive(act.index(q % NSLOT), count=1)
