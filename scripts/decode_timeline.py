@@ -30,7 +30,8 @@ def main() -> None:
     model = TAESD(args.variant).cuda().half().eval()
     model.cuda_graphs = False
     f = model.downscale
-    z = torch.randn(args.batch, model.latent_channels, args.size // f, args.size // f, device="cuda", dtype=torch.float16)
+    z = TAESD.preferred_layout(torch.randn(args.batch, model.latent_channels, args.size // f, args.size // f,
+                                           device="cuda", dtype=torch.float16))  # as decode() hands it on
     with torch.no_grad(), dispatch.backend("auto"):
         replay = graphed(lambda: model.decoder(z))
         print(f"decode {args.size}² B={args.batch} graph replay: {time_ms(replay) * 1e3:.1f} us", flush=True)
