@@ -22,7 +22,7 @@ from taesd_fast.kernels import conv_chain as cc  # noqa: E402
 from taesd_fast.layers import Block  # noqa: E402
 from taesd_fast.timing import graphed, time_ms  # noqa: E402
 
-CONFIGS = [(64, 1), (64, 2), (64, 3), (128, 1), (128, 2), (32, 2), (32, 4)]  # (block_m, per_sm)
+CONFIGS = [(64, 2, 0), (64, 2, 1), (32, 2, 0), (32, 2, 1), (32, 3, 1), (16, 3, 1), (128, 2, 1)]  # (block_m, per_sm, sync)
 
 
 def model(x, ws, bs, dtype):
@@ -53,19 +53,17 @@ def main() -> None:
         with torch.no_grad(), dispatch.backend("auto"), dispatch.graph_timing():
             per_conv = time_ms(graphed(lambda: dispatch._run_blocks(x, blocks))) * 1e3
         print(f"  per conv (auto, graph-timed choices)   {per_conv:8.2f} us", flush=True)
-        for coop in (True, False):
-            cc.COOPERATIVE = coop
-            for block_m, per_sm in CONFIGS if coop else CONFIGS[1:2]:
-                try:
-                    y = cc.launch(x, ws, bs, block_m=block_m, per_sm=per_sm)
-                    us = time_ms(graphed(lambda b=block_m, p=per_sm: cc.launch(x, ws, bs, block_m=b, per_sm=p))) * 1e3
-                    print(f"  chain M{block_m} {per_sm}/SM coop={int(coop)}  {us:8.2f} us  ({per_conv / us:.2f}x)  "
-                          f"err {rel(y):.2e}", flush=True)
-                except Exception as e:  # noqa: BLE001 - e.g. a cooperative grid too large: report and go on
-                    torch.cuda.synchronize()
-                    print(f"  chain M{block_m} {per_sm}/SM coop={int(coop)}  failed: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:120]}", flush=True)
-        cc.COOPERATIVE = True
+        for block_m, per_sm, sync in CONFIGS:
+            try:
+                y = cc.launch(x, ws, bs, block_m=block_m, per_sm=per_sm, sync=sync)
+                run = lambda b=block_m, p=per_sm, s=sync: cc.launch(x, ws, bs, block_m=b, per_sm=p, sync=s)  # noqa: E731
+                us = time_ms(graphed(run)) * 1e3
+                print(f"  chain M{block_m} {per_sm}/SM sync={sync}  {us:8.2f} us  ({per_conv / us:.2f}x)  "
+                      f"err {rel(y):.2e}", flush=True)
+            except Exception as e:  # noqa: BLE001 - e.g. a cooperative grid too large: report and go on
+                torch.cuda.synchronize()
+                print(f"  chain M{block_m} {per_sm}/SM sync={sync}  failed: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:120]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
-from .graphs import GraphCache
+from .graphs import GraphCache, parameters_of
 from .layers import name_layers
 from .validation import check_multiple, check_tensor
 
@@ -178,7 +178,7 @@ class TAESD(nn.Module):
         part = self.encoder if cache == "encoder" else self.decoder
         if not self.cuda_graphs:
             return fn(x)
-        return self._graph_caches[cache](fn, x, list(part.parameters()))
+        return self._graph_caches[cache](fn, x, parameters_of(part))
 
     @staticmethod
     def scale_latents(latents: torch.Tensor) -> torch.Tensor:

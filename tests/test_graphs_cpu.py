@@ -137,3 +137,18 @@ def test_pretrained_models_are_inference_models():
     latents = torch.randn(1, 32, 4, 4, requires_grad=True)
     model.decode(latents).sum().backward()
     assert latents.grad is not None and latents.grad.abs().sum() > 0
+
+
+def test_parameters_of_is_cached_until_a_module_or_parameter_is_registered():
+    model = TAESD("taesd", encoder=False)
+    parameters_of = graphs.parameters_of
+    first = parameters_of(model.decoder)
+    assert first == list(model.decoder.parameters())
+    assert parameters_of(model.decoder) is first  # no module walk on the next call
+    model.half()  # swaps .data, keeps the Parameter objects: the list stays right
+    assert parameters_of(model.decoder) is first
+    model.decoder[1] = torch.nn.Conv2d(4, 64, 3, padding=1)  # a replaced layer: its new weight must be in the list
+    fresh = parameters_of(model.decoder)
+    assert fresh is not first and any(p is model.decoder[1].weight for p in fresh)
+    model.decoder[1].bias = torch.nn.Parameter(torch.zeros(64))
+    assert any(p is model.decoder[1].bias for p in parameters_of(model.decoder))

@@ -98,14 +98,23 @@ if triton is not None:
     #                 a constexpr global passed on to a helper
 
     @triton.jit
-    def _grid_sync(sync_ptr, target):
+    def _grid_sync(sync_ptr, target, SYNC: tl.constexpr):
         # Every program arrives; all wait until `target` arrivals are counted (the counter only grows within a
         # launch). The scalar atomics run on one thread per program; the CTA barriers order the others around it.
+        # SYNC 0: poll with acquire loads (one thread, result shared through shared memory, CTA barrier per poll);
+        # SYNC 1: every thread polls with relaxed volatile loads, then one acquire load and a CTA barrier.
         tl.debug_barrier()
         tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-        while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target:
-            pass
-        tl.debug_barrier()
+        if SYNC == 0:
+            while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target:
+                pass
+            tl.debug_barrier()
+        else:
+            seen = tl.load(sync_ptr, volatile=True)
+            while seen < target:
+                seen = tl.load(sync_ptr, volatile=True)
+            tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
 
     @triton.jit
     def _block_input(j: tl.constexpr, x_ptr, s_ptr, y_ptr, plane, N_BLOCKS: tl.constexpr):
@@ -119,7 +128,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "H", "W"])
     def _block_chain_kernel(x_ptr, s_ptr, y_ptr, sync_ptr, w_ptrs, b_ptrs, M, H, W,
-                            N_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+                            N_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, SYNC: tl.constexpr, PDL: tl.constexpr):
         _pdl_start(PDL)
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
@@ -149,7 +158,7 @@ if triton is not None:
                                 64, 64, 1, 3, 64, False, ".cg")
                 _epilogue(acc, b_ptrs[layer], block_in, dst, rm, m_ok, rc, 64, 64, True, k == 2, True)
             if layer + 1 < 3 * N_BLOCKS:
-                _grid_sync(sync_ptr, (layer + 1) * nprog)
+                _grid_sync(sync_ptr, (layer + 1) * nprog, SYNC)
 
 
 @functools.cache
@@ -164,7 +173,7 @@ def _packed(w: Tensor) -> Tensor:
 
 
 def launch(x: Tensor, ws, bs, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
-           per_sm: int = PER_SM) -> Tensor:
+           per_sm: int = PER_SM, sync: int = 0) -> Tensor:
     """Run the kernel (the op's CUDA body; benchmarks pass other configs). Returns channels_last y."""
     if triton is None:
         raise RuntimeError(f"block_chain: {triton_unavailable_reason()}")
@@ -189,7 +198,7 @@ def launch(x: Tensor, ws, bs, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS
         launch_args["launch_cooperative_grid"] = COOPERATIVE
     _block_chain_kernel[(grid,)](
         x, scratch, out, sync, tuple(_packed(w) for w in ws), tuple(b.contiguous() for b in bs), M, H, W,
-        N_BLOCKS=n_blocks, BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages, **launch_args)
+        N_BLOCKS=n_blocks, BLOCK_M=block_m, SYNC=sync, num_warps=num_warps, num_stages=num_stages, **launch_args)
     _launched.add((str(x.device), n_blocks, block_m, num_warps, num_stages))
     return out
 
