@@ -187,7 +187,7 @@ def launch(x: Tensor, ws, bs, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS
     if POISON_OUTPUT:
         out.fill_(float("nan"))
         scratch.fill_(float("nan"))
-    sync = torch.zeros(1, dtype=torch.int32, device=x.device)
+    counter = torch.zeros(1, dtype=torch.int32, device=x.device)  # the grid barrier's arrivals
     tiles = -(-M // block_m)
     # Interpreted programs run one after another: a barrier with two of them would never open.
     launch_args = pdl_args(x)
@@ -197,7 +197,7 @@ def launch(x: Tensor, ws, bs, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS
         grid = min(tiles, per_sm * _sm_count(x.device))
         launch_args["launch_cooperative_grid"] = COOPERATIVE
     _block_chain_kernel[(grid,)](
-        x, scratch, out, sync, tuple(_packed(w) for w in ws), tuple(b.contiguous() for b in bs), M, H, W,
+        x, scratch, out, counter, tuple(_packed(w) for w in ws), tuple(b.contiguous() for b in bs), M, H, W,
         N_BLOCKS=n_blocks, BLOCK_M=block_m, SYNC=sync, num_warps=num_warps, num_stages=num_stages, **launch_args)
     _launched.add((str(x.device), n_blocks, block_m, num_warps, num_stages))
     return out
