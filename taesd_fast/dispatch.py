@@ -34,7 +34,7 @@ from . import _backend
 from .kernels import head as _split_head  # registers taesd_fast::conv_n128 / head_stencil; no CUDA
 
 __all__ = [
-    "conv2d", "head_conv", "blocks", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
+    "conv2d", "head_conv", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
     "Candidate", "Spec", "CANDIDATES", "clear_cache", "graph_timing",
 ]
 
@@ -52,7 +52,7 @@ _REPS, _WARMUP = 7, 3
 class Spec:
     """Everything a decision depends on; hashable, shapes as plain ints."""
 
-    kind: str  # "conv2d" | "head" | "head_full" | "blocks"
+    kind: str  # "conv2d" | "head" | "head_full"
     device: str  # "cpu", "cuda:0", ...
     x_shape: tuple
     w_shape: tuple
@@ -64,7 +64,6 @@ class Spec:
     layout: str  # "nchw" | "channels_last" | "strided"
     upsample: int = 1  # conv2d: nearest upsample of x by this factor before the conv (kernels fold it)
     pre_clamp: bool = False  # conv2d: soft clamp 3*tanh(x/3) of x before the conv (the decoder's Clamp)
-    count: int = 1  # blocks: how many Blocks in the run (w_shape is each conv's)
 
     def key(self, gpu: str, graph: bool = False) -> str:
         """Timings-file key; `graph` marks timings taken as CUDA-graph replays."""
@@ -74,7 +73,7 @@ class Spec:
                 f"x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
                 f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
-                + (f"|n{self.count}" if self.count != 1 else "") + ("|graph" if graph else ""))
+                + ("|graph" if graph else ""))
 
 
 def _layout(x: Tensor) -> str:
@@ -96,7 +95,6 @@ class Candidate:
     kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp), head (x, w, b), head_full
     (x, cache, gamma, w, b, eps) returning (out, new cache). `kernel=True` marks
     custom kernels (they also need kernels_available and are what auto mode must justify by timing).
-    blocks (x, weights, biases) for a run of Blocks (3 convs each, in order).
     `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
 
     name: str
@@ -132,15 +130,6 @@ def _torch_head(x, w, b):
 def _torch_head_full(x, cache, gamma, w, b, eps):
     window = _split_head.causal_window(_split_head.activate(x, gamma, eps), cache)
     return _torch_head(window, w, b), window[:, :, -2:]
-
-
-def _blocks_per_conv(x, ws, bs):
-    """A run of Blocks as separate convs, each dispatched on its own (what `blocks` compares the chain kernel with)."""
-    for i in range(0, len(ws), 3):
-        h = conv2d(x, ws[i], bs[i], relu=True)
-        h = conv2d(h, ws[i + 1], bs[i + 1], relu=True)
-        x = conv2d(h, ws[i + 2], bs[i + 2], residual=x, relu=True)
-    return x
 
 
 def _split_head_full(x, cache, gamma, w, b, eps):
@@ -210,20 +199,6 @@ def _fused_head_candidate() -> Candidate:
                      lambda *a: fh().head_full_triton(*a), True, lambda s: fh().spec_ready(s), ("nchw", "strided"))
 
 
-def _chain_candidate() -> Candidate:
-    """A run of Blocks in one persistent Triton kernel (kernels/conv_chain.py), imported on first use."""
-
-    def cc():
-        from .kernels import conv_chain
-
-        return conv_chain
-
-    return Candidate("chain", "blocks",
-                     lambda s: _cpu_reason(s) or cc().unsupported_reason(s.x_shape, s.dtype, s.count, s.device),
-                     lambda x, ws, bs: torch.ops.taesd_fast.block_chain(x, list(ws), list(bs)), True,
-                     lambda s: cc().spec_ready(s.device, s.count), ("channels_last",), nvrtc=False)
-
-
 def _norm_split_candidate() -> Candidate:
     """Triton norm + SiLU into the causal window (kernels/head_act.py), then split_head_conv."""
 
@@ -257,17 +232,13 @@ CANDIDATES: list[Candidate] = [
     Candidate("split_bf16", "head_full", lambda s: _split_head.spec_unsupported_reason(_head_full_window_spec(s)),
               _split_head_full, True, lambda s: _split_head.spec_ready(_head_full_window_spec(s)),
               ("nchw", "channels_last")),
-    # blocks: a run of TAESD Blocks at one resolution (x, weights, biases), each conv dispatched, or one kernel.
-    Candidate("per_conv", "blocks", _always, _blocks_per_conv, kernel=False),
-    _chain_candidate(),
 ]
 # Forced-kernel mode with no timings: the order measured best on H200 (tensor-core conv, then the SIMT convs),
 # then the head kernels.
-_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "triton_fused", "triton_norm_split", "split_bf16", "chain")
+_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "triton_fused", "triton_norm_split", "split_bf16")
 
 
 _RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}
-_REFERENCE: dict[str, str] = {c.kind: c.name for c in CANDIDATES if not c.kernel}  # what runs when nothing is decided
 
 
 def _by_name(kind: str, name: str) -> Candidate:
@@ -432,10 +403,6 @@ def _fresh_args(kind: str, args: tuple) -> tuple:
         fan_in = w[0].numel()
         return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu,
                 *folds)
-    if kind == "blocks":
-        x, ws, bs = args
-        return (_fresh_like(x), tuple(_fresh_like(w, w[0].numel() ** -0.5) for w in ws),
-                tuple(_fresh_like(b, 0.1) for b in bs))
     if kind == "head_full":
         x, cache, gamma, w, b, eps = args
         return (_fresh_like(x), _fresh_like(cache), _fresh_like(gamma).add_(1.0), _fresh_like(w, w[0].numel() ** -0.5),
@@ -616,7 +583,7 @@ def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
     rec = _decided.get((mode, _graph_timing, key))
     if torch.compiler.is_compiling():
         # Never time or compile while tracing; nothing decided eagerly for this shape means PyTorch.
-        return _RUN[(key[0], _REFERENCE[key[0]] if rec is None else rec.choice)]
+        return _RUN[(key[0], "torch" if rec is None else rec.choice)]
     if rec is None:
         rec = _decide_eager(key, mode, args)
     if layer is not None:  # every layer gets its row, also when another layer with this shape decided first
@@ -630,27 +597,26 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
     spec = _spec(key)
     with _lock:
         rec = _decide(spec, mode, args)
-        if rec.choice != _REFERENCE[spec.kind] and torch.cuda.is_current_stream_capturing():
+        if rec.choice != "torch" and torch.cuda.is_current_stream_capturing():
             if not _by_name(spec.kind, rec.choice).ready(spec):  # loading a module mid-capture is unsafe
-                rec = Record(spec, _REFERENCE[spec.kind], f"{rec.why}; kernel not loaded before capture", rec.ms,
-                             rec.skipped)
+                rec = Record(spec, "torch", f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
         if not (spec.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
             # a capture-time fallback must not stick: the next eager call decides properly
             _decided[(mode, _graph_timing, key)] = rec
         return rec
 
 
-def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, count=1) -> tuple:
+def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> tuple:
     """Spec's fields as a plain tuple (same order), built on every call: the device and the shapes stay torch
     objects (hashing a torch.Size equals hashing the tuple); `_spec` converts them on the slow path."""
     return (kind, x.device, x.shape, w.shape, x.dtype, stride, b is not None, residual is not None, relu, _layout(x),
-            upsample, pre_clamp, count)
+            upsample, pre_clamp)
 
 
 def _spec(key: tuple) -> Spec:
-    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp, count = key
+    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp = key
     return Spec(kind, str(device), tuple(x_shape), tuple(w_shape), dtype, int(stride), bias, residual, bool(relu),
-                layout, int(upsample), bool(pre_clamp), int(count))
+                layout, int(upsample), bool(pre_clamp))
 
 
 # ------------------------------------------------------------------------------------ contract
@@ -671,23 +637,6 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int
     if _mode == "torch" or _needs_grad(x, weight, bias, residual):
         return _torch_conv2d(*args)
     return _choose(_key("conv2d", *args), args, layer)(*args)
-
-
-def blocks(x: Tensor, run: list[nn.Module]) -> Tensor:
-    """A run of TAESD Blocks with identity skips and no pool branch (layers.Block), at most 3: each conv
-    dispatched on its own, or the whole run in one persistent kernel where that was measured faster."""
-    convs = [conv for block in run for conv in (block.conv[0], block.conv[2], block.conv[4])]
-    ws, bs = tuple(c.weight for c in convs), tuple(c.bias for c in convs)
-    if _mode == "torch" or any(b is None for b in bs) or _needs_grad(x, *ws, *bs):
-        return _run_blocks(x, run)
-    run_fn = _choose(_key("blocks", x, ws[0], bs[0], 1, None, True, count=len(run)), (x, ws, bs), run[0])
-    return _run_blocks(x, run) if run_fn is _blocks_per_conv else run_fn(x, ws, bs)
-
-
-def _run_blocks(x: Tensor, run: list[nn.Module]) -> Tensor:
-    for block in run:  # the modules' own forward: each conv dispatched with its layer, for the dispatch table
-        x = block(x)
-    return x
 
 
 def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Module | None = None) -> Tensor:
@@ -734,8 +683,7 @@ def dispatch_table(model: nn.Module) -> str:
             spec = r.spec
             res = "cache" if spec.kind == "head_full" else "res"
             flags = "+".join(f for f, on in (("clamp", spec.pre_clamp), ("up2", spec.upsample == 2), ("bias", spec.bias),
-                                             (res, spec.residual), ("relu", spec.relu),
-                                             (f"{spec.count} blocks", spec.kind == "blocks")) if on)
+                                             (res, spec.residual), ("relu", spec.relu)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),
                          str(spec.dtype).replace("torch.", ""), str(spec.stride), flags or "-", spec.layout, r.choice,

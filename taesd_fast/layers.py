@@ -80,7 +80,7 @@ def _nearest_factor(module: nn.Module) -> int | None:
 
 class ReLUSequential(nn.Sequential):
     """nn.Sequential that hands the dispatcher fused calls: a Clamp or a nearest nn.Upsample followed by a conv (a
-    kernel may fold either into the conv), a conv followed by nn.ReLU, and runs of up to 3 plain Blocks.
+    kernel may fold either into the conv), and a conv followed by nn.ReLU.
 
     Keys and indices are those of a plain nn.Sequential; only the forward differs.
     """
@@ -89,11 +89,6 @@ class ReLUSequential(nn.Sequential):
         modules = list(self)
         i = 0
         while i < len(modules):
-            run = _plain_block_run(modules, i)
-            if run:  # the dispatcher may run them as one kernel
-                x = dispatch.blocks(x, run)
-                i += len(run)
-                continue
             upsample, pre_clamp = _nearest_factor(modules[i]), isinstance(modules[i], Clamp)
             if (upsample is not None or pre_clamp) and i + 1 < len(modules) and isinstance(modules[i + 1], DispatchConv2d):
                 i += 1  # the conv does the upsample / clamp
@@ -108,16 +103,6 @@ class ReLUSequential(nn.Sequential):
                 x = module(x)
                 i += 1
         return x
-
-
-def _plain_block_run(modules: list[nn.Module], start: int, most: int = 3) -> list[Block]:
-    """The Blocks from `start` on (at most `most`) with identity skips and no pool branch."""
-    run = []
-    for module in modules[start:start + most]:
-        if not (isinstance(module, Block) and module.pool is None and isinstance(module.skip, nn.Identity)):
-            break
-        run.append(module)
-    return run
 
 
 def name_layers(root: nn.Module, prefix: str = "") -> None:

@@ -333,47 +333,10 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
-    def _tap_loop(x_ptr, w_base, r0, q0, row0, m_ok, H, W, rk, rn, acc, C_IN: tl.constexpr, N_PAD: tl.constexpr,
-                  CHUNKS: tl.constexpr, KS: tl.constexpr, BLOCK_K: tl.constexpr, PRE_CLAMP: tl.constexpr,
-                  CACHE: tl.constexpr):
-        # acc += the tile's implicit GEMM in tap mode: K = taps x channel chunks. Output pixel m reads input
-        # (row0 + r0 + ky, q0 + kx); out-of-image taps read 0 (the padding). A plain range loop, so Triton
-        # software-pipelines the loads (num_stages). CACHE: the input loads' cache modifier ("", ".ca", ".cg").
-        for kk in range(KS * KS * CHUNKS):
-            tap = kk // CHUNKS
-            c0 = (kk % CHUNKS) * BLOCK_K
-            iy = r0 + tap // KS
-            ix = q0 + tap % KS
-            ok = m_ok & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-            offs = ((row0 + iy) * W + ix).to(tl.int64) * C_IN + c0
-            ptrs = x_ptr + offs[:, None] + rk[None, :]
-            if C_IN % BLOCK_K == 0:
-                a = tl.load(ptrs, mask=ok[:, None], other=0.0, cache_modifier=CACHE)  # whole 16-byte vectors
-            else:
-                a = tl.load(ptrs, mask=ok[:, None] & ((c0 + rk) < C_IN)[None, :], other=0.0, cache_modifier=CACHE)
-            if PRE_CLAMP:
-                a = _soft_clamp(a)
-            wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
-            acc = tl.dot(a, wt, acc)
-        return acc
-
-    @triton.jit
-    def _epilogue(acc, b_ptr, r_ptr, y_ptr, out_px, m_ok, rn, C_OUT: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr):
-        # In fp32: + bias, + residual, ReLU, one rounding to f16; stored at output pixel out_px (NHWC). The residual
-        # is read through L2 only (.cg): conv_chain reads buffers that other programs rewrote since.
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < C_OUT, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = out_px.to(tl.int64)[:, None] * C_OUT + rn[None, :]
-        if C_OUT == BLOCK_N:
-            o_mask = m_ok[:, None]
-        else:
-            o_mask = m_ok[:, None] & (rn < C_OUT)[None, :]
-        if HAS_RES:
-            acc += tl.load(r_ptr + o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        if RELU:
-            acc = tl.maximum(acc, 0.0)
-        tl.store(y_ptr + o_ptrs, acc.to(tl.float16), mask=o_mask)
+    def _load_input(ptrs, mask, CACHE_A: tl.constexpr):
+        if CACHE_A:
+            return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".ca")
+        return tl.load(ptrs, mask=mask, other=0.0)
 
     @triton.jit(do_not_specialize=["M", "GH", "GW", "H", "W", "Ho", "Wo"])
     def _conv3x3_tc_kernel(
@@ -432,16 +395,44 @@ if triton is not None:
             ok = (m_ok[:, None] & (rk < KS * KS * C_IN)[None, :]
                   & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W))
             offs = ((row0[:, None] + iy) * W + ix).to(tl.int64) * C_IN + c[None, :]
-            a = tl.load(x_ptr + offs, mask=ok, other=0.0, cache_modifier=".ca" if CACHE_A else "")
+            a = _load_input(x_ptr + offs, ok, CACHE_A)
             if PRE_CLAMP:
                 a = _soft_clamp(a)
             wt = tl.load(w_base + rk[:, None] * N_PAD + rn[None, :])
             acc = tl.dot(a, wt, acc)
         else:
-            acc = _tap_loop(x_ptr, w_base, r0, q0, row0, m_ok, H, W, rk, rn, acc, C_IN, N_PAD, CHUNKS, KS, BLOCK_K,
-                            PRE_CLAMP, ".ca" if CACHE_A else "")
-        _epilogue(acc, b_ptr, r_ptr, y_ptr, (img * Ho + oy) * Wo + ox, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, HAS_RES,
-                  RELU)
+            # K loop: taps x channel chunks. A plain range loop, so Triton software-pipelines the loads (num_stages).
+            for kk in range(KS * KS * CHUNKS):
+                tap = kk // CHUNKS
+                c0 = (kk % CHUNKS) * BLOCK_K
+                iy = r0 + tap // KS
+                ix = q0 + tap % KS
+                ok = m_ok & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+                offs = ((row0 + iy) * W + ix).to(tl.int64) * C_IN + c0
+                ptrs = x_ptr + offs[:, None] + rk[None, :]
+                if C_IN % BLOCK_K == 0:
+                    a = _load_input(ptrs, ok[:, None], CACHE_A)  # whole 16-byte vectors: no channel mask
+                else:
+                    a = _load_input(ptrs, ok[:, None] & ((c0 + rk) < C_IN)[None, :], CACHE_A)
+                if PRE_CLAMP:
+                    a = _soft_clamp(a)
+                wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
+                acc = tl.dot(a, wt, acc)
+
+        # Epilogue in fp32: + bias, + residual, ReLU, one rounding to f16.
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < C_OUT, other=0.0).to(tl.float32)[None, :]
+        out = ((img * Ho + oy) * Wo + ox).to(tl.int64) * C_OUT
+        o_ptrs = out[:, None] + rn[None, :]
+        if C_OUT == BLOCK_N:
+            o_mask = m_ok[:, None]
+        else:
+            o_mask = m_ok[:, None] & (rn < C_OUT)[None, :]
+        if HAS_RES:
+            acc += tl.load(r_ptr + o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
+        if RELU:
+            acc = tl.maximum(acc, 0.0)
+        tl.store(y_ptr + o_ptrs, acc.to(tl.float16), mask=o_mask)
 
 
 # --------------------------------------------------------------------------- launch
