@@ -23,7 +23,7 @@ stream through a ring of NSLOT 8 KB slots (7 fit beside the weights), each as C/
 
 Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound, 0.32-0.38 ms (1125 MB
 moved, 0.27 ms at the copy ceiling; ~10.7k cycles of MMA against ~17.8k of HBM share per tile). Measured
-(BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s. What limits it (scripts/head_wgmma_probe.py): the loader alone streams
+(BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s; 0.715 ms with SiLU through tanh (run V8). What limits it (scripts/head_wgmma_probe.py): the loader alone streams
 the chunk at 0.35 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the 32- and
 16-column pieces cost 0.30 ms (a narrow wgmma costs about as much as a 64-column one, from registers or from shared
 memory); both together 0.75 ms. A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one
