@@ -333,6 +333,24 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
+    def _epilogue(acc, b_ptr, r_ptr, y_ptr, out_px, m_ok, rn, C_OUT: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr):
+        # In fp32: + bias, + residual, ReLU, one rounding to f16, stored at output pixels out_px (NHWC). Shared by
+        # the pointer and the TMA kernel (conv_tc_tma).
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < C_OUT, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = out_px.to(tl.int64)[:, None] * C_OUT + rn[None, :]
+        if C_OUT == BLOCK_N:
+            o_mask = m_ok[:, None]
+        else:
+            o_mask = m_ok[:, None] & (rn < C_OUT)[None, :]
+        if HAS_RES:
+            acc += tl.load(r_ptr + o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
+        if RELU:
+            acc = tl.maximum(acc, 0.0)
+        tl.store(y_ptr + o_ptrs, acc.to(tl.float16), mask=o_mask)
+
+    @triton.jit
     def _load_input(ptrs, mask, CACHE_A: tl.constexpr):
         if CACHE_A:
             return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".ca")
@@ -419,20 +437,8 @@ if triton is not None:
                 wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
                 acc = tl.dot(a, wt, acc)
 
-        # Epilogue in fp32: + bias, + residual, ReLU, one rounding to f16.
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < C_OUT, other=0.0).to(tl.float32)[None, :]
-        out = ((img * Ho + oy) * Wo + ox).to(tl.int64) * C_OUT
-        o_ptrs = out[:, None] + rn[None, :]
-        if C_OUT == BLOCK_N:
-            o_mask = m_ok[:, None]
-        else:
-            o_mask = m_ok[:, None] & (rn < C_OUT)[None, :]
-        if HAS_RES:
-            acc += tl.load(r_ptr + o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
-        if RELU:
-            acc = tl.maximum(acc, 0.0)
-        tl.store(y_ptr + o_ptrs, acc.to(tl.float16), mask=o_mask)
+        _epilogue(acc, b_ptr, r_ptr, y_ptr, (img * Ho + oy) * Wo + ox, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, HAS_RES,
+                  RELU)
 
 
 # --------------------------------------------------------------------------- launch

@@ -26,7 +26,7 @@ try:
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from .conv_tc import _pdl_start
+    from .conv_tc import _epilogue, _pdl_start
 except Exception:  # conv_tc reports Triton's absence; this module is only imported once Triton ran
     triton = tl = TensorDescriptor = None
 
@@ -114,19 +114,8 @@ if triton is not None:
         else:
             oy = gy
             ox = gx
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < C_OUT, other=0.0).to(tl.float32)[None, :]
-        out = ((img * Ho + oy) * Wo + ox).to(tl.int64) * C_OUT
-        o_ptrs = out[:, None] + rn[None, :]
-        if C_OUT == BLOCK_N:
-            o_mask = m_ok[:, None]
-        else:
-            o_mask = m_ok[:, None] & (rn < C_OUT)[None, :]
-        if HAS_RES:
-            acc += tl.load(r_ptr + o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
-        if RELU:
-            acc = tl.maximum(acc, 0.0)
-        tl.store(y_ptr + o_ptrs, acc.to(tl.float16), mask=o_mask)
+        _epilogue(acc, b_ptr, r_ptr, y_ptr, (img * Ho + oy) * Wo + ox, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, HAS_RES,
+                  RELU)
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool, upsample: int,
