@@ -333,6 +333,14 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
+    def _upsample_phase(pid, UPSAMPLE: tl.constexpr):
+        # (phase, tile, py, px) of program pid. With the upsample fold, the 4 output phases of one tile are
+        # neighbouring programs: they read the same low-res input, so L2 serves them.
+        if UPSAMPLE:
+            return pid % 4, pid // 4, (pid % 4) // 2, pid % 2
+        return 0, pid, 0, 0
+
+    @triton.jit
     def _epilogue(acc, b_ptr, r_ptr, y_ptr, out_px, m_ok, rn, C_OUT: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr):
         # In fp32: + bias, + residual, ReLU, one rounding to f16, stored at output pixels out_px (NHWC). Shared by
@@ -367,18 +375,7 @@ if triton is not None:
         PDL: tl.constexpr,
     ):
         _pdl_start(PDL)
-        pid = tl.program_id(0)
-        if UPSAMPLE:
-            # The 4 phases of one tile are neighbouring programs: they read the same low-res rows, so L2 serves them.
-            phase = pid % 4
-            tile = pid // 4
-            py = phase // 2
-            px = phase % 2
-        else:
-            phase = 0
-            tile = pid
-            py = 0
-            px = 0
+        phase, tile, py, px = _upsample_phase(tl.program_id(0), UPSAMPLE)
         if C_OUT <= BLOCK_N:
             rn = tl.arange(0, BLOCK_N)
         else:

@@ -26,7 +26,7 @@ try:
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from .conv_tc import _epilogue, _pdl_start
+    from .conv_tc import _epilogue, _pdl_start, _upsample_phase
 except Exception:  # conv_tc reports Triton's absence; this module is only imported once Triton ran
     triton = tl = TensorDescriptor = None
 
@@ -73,16 +73,7 @@ if triton is not None:
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         BLOCK_M: tl.constexpr = TILE_H * TILE_W
-        if UPSAMPLE:
-            phase = pid % 4  # the 4 phases of one tile are neighbouring programs: they read the same input boxes
-            t = pid // 4
-            py = phase // 2
-            px = phase % 2
-        else:
-            phase = 0
-            t = pid
-            py = 0
-            px = 0
+        phase, t, py, px = _upsample_phase(pid, UPSAMPLE)
         tx = t % TILES_X
         t = t // TILES_X
         ty = t % TILES_Y
