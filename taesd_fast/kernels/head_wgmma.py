@@ -129,7 +129,7 @@ if gluon is not None:
     @gluon.jit
     def _silu(y):
         # y * sigmoid(y) = h + h * tanh(h), h = y / 2: one MUFU op per element where exp and a division take two
-        # (the activation warps are MUFU-bound: g kernel 0.750 -> 0.725 ms, same error vs fp32, BENCHMARKS.md).
+        # (g kernel 0.750 -> 0.725 ms, the same error vs fp32: BENCHMARKS.md, run V1).
         h = 0.5 * y
         t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [h], dtype=gl.float32, is_pure=True, pack=1)
         return h + h * t
