@@ -50,7 +50,9 @@ BLOCK_P = 64  # pixels per tile: one wgmma M
 CHUNK = 64  # channels per TMA box (128-byte rows)
 MAX_T = 16  # frames are unrolled at compile time
 SMEM_BYTES = 232448  # sm_90's opt-in shared memory per block (227 KB)
-MAXNREG = 128  # 16 warps in all (4 MMA, 8 activation, 1 loader, rounded up): 64K registers
+MAXNREG = 96  # 20 warps in all (4 + 4 MMA, 8 activation, 1 loader, rounded up to warpgroups): 60K registers
+NARROW_REGS = 88  # the 16-column MMA warpgroup
+ACT_REGS = 56  # the 8 activation warps
 
 
 def _slots(c: int) -> int:
@@ -88,6 +90,8 @@ def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
 
 if gluon is not None:
     _G = gl.constexpr(G)  # read inside the kernels
+    NARROW_REGS = gl.constexpr(NARROW_REGS)
+    ACT_REGS = gl.constexpr(ACT_REGS)
 
     @gluon.jit
     def _chunk(q, QT, pid, nprog, tiles_per_img, KC: gl.constexpr, S0: gl.constexpr):
@@ -98,10 +102,11 @@ if gluon is not None:
         return S0 + r // KC, (r % KC) * 64, tile // tiles_per_img, (tile % tiles_per_img) * 64
 
     @gluon.jit
-    def _loader(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img,
-                HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
-        # 1 warp: TMA-loads every chunk of the stream into slot q % NSLOT once the MMA partition has freed it.
-        # (Worker partitions share one signature: gs_ptr, nc_ptr and eps are the activator's.)
+    def _loader(x_desc, c_desc, nc_desc, slots, ready, act, free, w_smem, w_bar, gs_ptr, g_ptr, nc_ptr, eps, pid,
+                nprog, my_tiles, tiles_per_img, HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr,
+                NSLOT: gl.constexpr):
+        # 1 warp: TMA-loads every chunk of the stream into slot q % NSLOT once both MMA warpgroups have freed it.
+        # (Worker partitions share one signature: most arguments are the other workers'.)
         KC: gl.constexpr = C // 64
         S0: gl.constexpr = 0 if HAS_CACHE else 2  # without a cache, window frames 0 and 1 are zeros: skipped
         QT = (T + 2 - S0) * KC
@@ -135,8 +140,9 @@ if gluon is not None:
         return h + h * t
 
     @gluon.jit
-    def _activator(x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
-                   tiles_per_img, HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+    def _activator(x_desc, c_desc, nc_desc, slots, ready, act, free, w_smem, w_bar, gs_ptr, g_ptr, nc_ptr, eps, pid,
+                   nprog, my_tiles, tiles_per_img, HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr,
+                   NSLOT: gl.constexpr):
         # 8 warps: RMS norm + SiLU of each feature frame, written back in place (the reference's two bf16
         # roundings); cached frames pass through. Signals each chunk on `act`.
         KC: gl.constexpr = C // 64
@@ -171,23 +177,31 @@ if gluon is not None:
                         mbarrier.arrive(act.index(q % NSLOT), count=1)
 
     @gluon.jit
-    def _mma(a, w_smem, idx: gl.constexpr, acc):
-        # acc (three column pieces of g: 64 + 32 + 16 = 112, as tensor shapes are powers of two) += a @ W[idx].
-        # The weight index goes through an opaque zero: with constant indices the compiler hoisted all 144 wgmma
-        # descriptors (64-bit each) out of the loops and spilled them.
+    def _mma(a, w_smem, idx: gl.constexpr, acc, WIDE: gl.constexpr):
+        # acc += a @ W[idx] for this warpgroup's column pieces of g (64 + 32 = 112 - 16 for the wide one, 16 for the
+        # narrow one; tensor shapes are powers of two). The weight index goes through an opaque zero: with constant
+        # indices the compiler hoisted all the wgmma descriptors (64-bit each) out of the loops and spilled them.
         i = idx + gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        a0 = warpgroup_mma(a, w_smem[0].index(i).permute((1, 0)), acc[0], is_async=True)
-        a1 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[1].type.layout, 2), assert_trivial=True),
-                           w_smem[1].index(i).permute((1, 0)), acc[1], is_async=True)
-        a2 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[2].type.layout, 2), assert_trivial=True),
-                           w_smem[2].index(i).permute((1, 0)), acc[2], is_async=True)
-        return a0, a1, a2
+        if WIDE:
+            a0 = warpgroup_mma(a, w_smem[0].index(i).permute((1, 0)), acc[0], is_async=True)
+            a1 = warpgroup_mma(gl.convert_layout(a, gl.DotOperandLayout(0, acc[1].type.layout, 2),
+                                                 assert_trivial=True),
+                               w_smem[1].index(i).permute((1, 0)), acc[1], is_async=True)
+            out = (a0, a1)
+        else:
+            out = (warpgroup_mma(a, w_smem[2].index(i).permute((1, 0)), acc[0], is_async=True),)
+        return out
 
     @gluon.jit
-    def _drain(p, q, r, a):
+    def _drain(p, q, r, a, WIDE: gl.constexpr):
         # Wait for every MMA in flight; `a` (their register operand) stays allocated until then.
-        d = warpgroup_mma_wait(0, deps=[p[0], p[1], p[2], q[0], q[1], q[2], r[0], r[1], r[2], a])
-        return (d[0], d[1], d[2]), (d[3], d[4], d[5]), (d[6], d[7], d[8])
+        if WIDE:
+            d = warpgroup_mma_wait(0, deps=[p[0], p[1], q[0], q[1], r[0], r[1], a])
+            out = (d[0], d[1]), (d[2], d[3]), (d[4], d[5])
+        else:
+            d = warpgroup_mma_wait(0, deps=[p[0], q[0], r[0], a])
+            out = (d[0],), (d[1],), (d[2],)
+        return out
 
     @gluon.jit
     def _store_g_part(part, n0: gl.constexpr, base, n_px):
@@ -198,12 +212,14 @@ if gluon is not None:
         gl.store(base + (px[:, None] * _G + n[None, :]), part.to(gl.bfloat16), mask=(px < n_px)[:, None])
 
     @gluon.jit
-    def _store_g(acc, g_ptr, img, o, p0, HW, T):
-        # g[img, o, pixels p0.., :] (dense [B, T, H*W, 112]) from the three column pieces
+    def _store_g(acc, g_ptr, img, o, p0, HW, T, WIDE: gl.constexpr):
+        # g[img, o, pixels p0.., this warpgroup's columns] (dense [B, T, H*W, 112])
         base = g_ptr + ((img * T + o).to(gl.int64) * HW + p0) * _G
-        _store_g_part(acc[0], 0, base, HW - p0)
-        _store_g_part(acc[1], 64, base, HW - p0)
-        _store_g_part(acc[2], 96, base, HW - p0)
+        if WIDE:
+            _store_g_part(acc[0], 0, base, HW - p0)
+            _store_g_part(acc[1], 64, base, HW - p0)
+        else:
+            _store_g_part(acc[0], 96, base, HW - p0)
 
     @gluon.jit
     def _store_zero_frame(nc_ptr, img, p0, HW, C: gl.constexpr, blk: gl.constexpr):
@@ -216,7 +232,7 @@ if gluon is not None:
 
     @gluon.jit
     def _mma_frame(slots, act, free, w_smem, nc_desc, qf, img, p0, acc_p, acc_q, acc_r, s: gl.constexpr,
-                   T: gl.constexpr, KC: gl.constexpr, NSLOT: gl.constexpr):
+                   T: gl.constexpr, KC: gl.constexpr, NSLOT: gl.constexpr, WIDE: gl.constexpr):
         # Window frame s into output frames s-2 (acc_p, tap 2), s-1 (acc_q, tap 1) and s (acc_r, tap 0), for the
         # output frames that exist; frames s >= T are also the new cache's frame s - T. Returns the accumulators
         # drained.
@@ -227,26 +243,35 @@ if gluon is not None:
             slot = slots.index(q % NSLOT)
             mbarrier.wait(act.index(q % NSLOT), (q // NSLOT) & 1)
             a_next = slot.reshape([64, 64]).permute((1, 0)).load(dot_a)  # [pixels, channels]
-            if s >= T:
+            if WIDE and s >= T:
                 tma.async_copy_shared_to_global(nc_desc, [img, kc * 64, s - T, p0], slot)
-            acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a)  # the previous chunk's MMAs
+            acc_p, acc_q, acc_r = _drain(acc_p, acc_q, acc_r, a, WIDE)  # the previous chunk's MMAs
             a = a_next
             if s >= 2:
-                acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p)
+                acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p, WIDE)
             if (s >= 1) & (s <= T):
-                acc_q = _mma(a, w_smem, KC + kc, acc_q)
+                acc_q = _mma(a, w_smem, KC + kc, acc_q, WIDE)
             if s < T:
-                acc_r = _mma(a, w_smem, kc, acc_r)
-            if s >= T:
+                acc_r = _mma(a, w_smem, kc, acc_r, WIDE)
+            if WIDE and s >= T:
                 tma.store_wait(0)  # the store has read the slot
             fence_async_shared()  # our shared loads before the loader's next TMA write
             gl.thread_barrier()
             mbarrier.arrive(free.index(q % NSLOT), count=1)
-        return _drain(acc_p, acc_q, acc_r, a)
+        return _drain(acc_p, acc_q, acc_r, a, WIDE)
+
+    @gluon.jit
+    def _narrow_mma(x_desc, c_desc, nc_desc, slots, ready, act, free, w_smem, w_bar, gs_ptr, g_ptr, nc_ptr, eps, pid,
+                    nprog, my_tiles, tiles_per_img, HW, T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr,
+                    NSLOT: gl.constexpr):
+        # A worker warpgroup for g's last 16 columns, beside the default partition's 64 + 32.
+        _mma_partition(slots, act, free, w_smem, w_bar, nc_desc, g_ptr, pid, nprog, my_tiles, tiles_per_img, HW,
+                       T, C, HAS_CACHE, NSLOT, False)
 
     @gluon.jit
     def _mma_partition(slots, act, free, w_smem, w_bar, nc_desc, g_ptr, pid, nprog, my_tiles, tiles_per_img, HW,
-                       T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr):
+                       T: gl.constexpr, C: gl.constexpr, HAS_CACHE: gl.constexpr, NSLOT: gl.constexpr,
+                       WIDE: gl.constexpr):
         # The default partition (one warpgroup): the GEMM and the g stores. It holds three output frames'
         # accumulators, [64, 112] fp32 each (168 registers per thread). The frames are unrolled (T is a compile-time
         # constant) so the accumulators change roles by renaming: register copies of an accumulator make ptxas
@@ -262,17 +287,19 @@ if gluon is not None:
             tile = pid + i * nprog
             img = tile // tiles_per_img
             p0 = (tile % tiles_per_img) * 64
-            zero = (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32),
-                    gl.zeros([64, 16], gl.float32, mma16))
+            if WIDE:
+                zero = (gl.zeros([64, 64], gl.float32, mma64), gl.zeros([64, 32], gl.float32, mma32))
+            else:
+                zero = (gl.zeros([64, 16], gl.float32, mma16),)
             # acc_p: output s-2 (tap 2, complete after frame s); acc_q: output s-1; acc_r: output s (tap 0)
             acc_p = zero
             acc_q = zero
             acc_r = zero
             for s in gl.static_range(S0, T + 2):
                 acc_p, acc_q, acc_r = _mma_frame(slots, act, free, w_smem, nc_desc, i * QT + (s - S0) * KC, img, p0,
-                                                 acc_p, acc_q, acc_r, s, T, KC, NSLOT)
+                                                 acc_p, acc_q, acc_r, s, T, KC, NSLOT, WIDE)
                 if s >= 2:
-                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T)
+                    _store_g(acc_p, g_ptr, img, s - 2, p0, HW, T, WIDE)
                 acc_p = acc_q
                 acc_q = acc_r
                 acc_r = zero
@@ -297,7 +324,7 @@ if gluon is not None:
         for i in gl.static_range(NSLOT):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(act.index(i), count=1)
-            mbarrier.init(free.index(i), count=1)
+            mbarrier.init(free.index(i), count=2)  # both MMA warpgroups
         mbarrier.init(w_bar.index(0), count=1)
         mbarrier.expect(w_bar.index(0), 3 * KC * _G * 64 * 2)
         for i in gl.static_range(3 * KC):  # box i: tap i // KC, channels (i % KC) * 64 ..; rows n0 .. of W^T[tap]
@@ -309,12 +336,14 @@ if gluon is not None:
                                             w_smem[2].index(i))
         gl.warp_specialize([
             (_mma_partition, (slots, act, free, w_smem, w_bar.index(0), nc_desc, g_ptr, pid, nprog, my_tiles,
-                              tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
-            (_loader, (x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
-                       tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
-            (_activator, (x_desc, c_desc, slots, ready, act, free, gs_ptr, nc_ptr, eps, pid, nprog, my_tiles,
-                          tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
-        ], [1, 8], [24, 80])
+                              tiles_per_img, HW, T, C, HAS_CACHE, NSLOT, True)),
+            (_narrow_mma, (x_desc, c_desc, nc_desc, slots, ready, act, free, w_smem, w_bar.index(0), gs_ptr, g_ptr,
+                           nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
+            (_loader, (x_desc, c_desc, nc_desc, slots, ready, act, free, w_smem, w_bar.index(0), gs_ptr, g_ptr,
+                       nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
+            (_activator, (x_desc, c_desc, nc_desc, slots, ready, act, free, w_smem, w_bar.index(0), gs_ptr, g_ptr,
+                          nc_ptr, eps, pid, nprog, my_tiles, tiles_per_img, HW, T, C, HAS_CACHE, NSLOT)),
+        ], [4, 1, 8], [NARROW_REGS, 24, ACT_REGS])
 
 
 def _desc(t: Tensor, frames: int, layout) -> "TensorDescriptor":
