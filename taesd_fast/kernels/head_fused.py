@@ -1,6 +1,6 @@
 """Fused Wan head: RMS norm + SiLU + causal temporal GEMM straight from the raw features (one "g kernel"), then the
 existing 9-tap stencil (taesd_fast::head_stencil) for bias + spatial taps + clamp. On sm_90 the g kernel is the Gluon
-one in head_wgmma.py (variant "wgmma": weights resident in shared memory, warp-specialised, 0.72 ms at the Wan chunk
+one in head_wgmma.py (variant "wgmma": weights resident in shared memory, warp-specialised, 0.66 ms at the Wan chunk
 size); elsewhere, or where it cannot run, one of the two Triton kernels below. DEFAULT_CONFIG's "auto" chooses.
 
     A_s = cache[:, :, s]                                   s < 2   (the activated causal frames)

@@ -11,20 +11,24 @@ How: a persistent grid, one program per SM. The weights W^T [3 taps, 112, C] bf1
 once per program and stay in shared memory, in column pieces of 64 + 32 + 16 rows (tensor shapes are powers of two).
 A program walks its 64-pixel tiles; for each tile the window frames (the 2 cached ones, then the T feature frames)
 stream through a ring of NSLOT 8 KB slots (7 fit beside the weights), each as C/64 TMA boxes [64 channels,
-64 pixels]. Three partitions, synchronised by mbarriers per slot (ready -> act -> free):
+64 pixels]. Four partitions, synchronised by mbarriers per slot (ready -> act -> free, freed by both MMA warpgroups):
   * loader (1 warp): TMA loads into freed slots;
   * activator (8 warps): per feature frame, each pixel's sum of squares over the C/64 resident chunks, then RMS
     norm + SiLU chunk by chunk, written back in place (the reference's two bf16 roundings); cached frames pass;
-  * MMA (the default partition, one warpgroup, 168 accumulator registers): each chunk into registers (the wgmma A
-    operand), then window frame s feeds output frames s-2, s-1 and s (taps 2, 1, 0) in three fp32 accumulators;
-    output s-2 is complete after frame s and leaves as bf16 g; frames T, T+1 also leave through TMA stores as the
-    new cache. The frames are unrolled (T is a compile-time constant, up to MAX_T), so the accumulators rotate by
-    renaming: register copies of an accumulator made ptxas serialise every wgmma.
+  * MMA, two warpgroups: the default partition for g's columns 0-95 (pieces of 64 + 32) and a worker for columns
+    96-111. Each loads every chunk into registers (the wgmma A operand); window frame s feeds output frames s-2,
+    s-1 and s (taps 2, 1, 0) in three fp32 accumulators; output s-2 is complete after frame s and leaves as bf16 g;
+    frames T, T+1 also leave through TMA stores as the new cache (the wide warpgroup). The frames are unrolled (T is
+    a compile-time constant, up to MAX_T), so the accumulators rotate by renaming: register copies of an
+    accumulator made ptxas serialise every wgmma. One warpgroup holding all 112 columns (168 accumulator
+    registers) spilled 504 bytes; split, the kernel spills 184 (T = 4), no wgmma is serialised, and the narrow
+    pieces run beside the wide ones.
 
 Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound, 0.32-0.38 ms (1125 MB
 moved, 0.27 ms at the copy ceiling; ~10.7k cycles of MMA against ~17.8k of HBM share per tile). Measured
-(BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s; 0.715 ms with SiLU through tanh (run V8). What limits it (scripts/head_wgmma_probe.py): the loader alone streams
-the chunk at 0.35 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the 32- and
+(BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s; 0.715 ms with SiLU through tanh (run V8); 0.657 ms with the
+second MMA warpgroup (run V10). What limited the one-warpgroup form (scripts/head_wgmma_probe.py): the loader
+alone streams the chunk at 0.35 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the 32- and
 16-column pieces cost 0.30 ms (a narrow wgmma costs about as much as a 64-column one, from registers or from shared
 memory); both together 0.75 ms. A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one
 frame, no prefetch.
