@@ -28,9 +28,9 @@ Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HB
 moved, 0.27 ms at the copy ceiling; ~10.7k cycles of MMA against ~17.8k of HBM share per tile). Measured
 (BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s; 0.715 ms with SiLU through tanh (run V8); 0.657 ms with the
 second MMA warpgroup (run V10). What limited the one-warpgroup form (scripts/head_wgmma_probe.py): the loader
-alone streams the chunk at 0.35 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the 32- and
-16-column pieces cost 0.30 ms (a narrow wgmma costs about as much as a 64-column one, from registers or from shared
-memory); both together 0.75 ms. A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one
+alone streams the chunk at 0.35 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the
+32- and 16-column pieces cost 0.30 ms (a narrow wgmma costs about as much as a 64-column one, from registers or from
+shared memory); both together 0.75 ms. A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one
 frame, no prefetch.
 
 Covers C a multiple of 64 up to 256, C_out <= 12 (g's 112 columns), 1 <= T <= MAX_T, H*W a multiple of 8 and
@@ -182,8 +182,8 @@ if gluon is not None:
 
     @gluon.jit
     def _mma(a, w_smem, idx: gl.constexpr, acc, WIDE: gl.constexpr):
-        # acc += a @ W[idx] for this warpgroup's column pieces of g (64 + 32 = 112 - 16 for the wide one, 16 for the
-        # narrow one; tensor shapes are powers of two). The weight index goes through an opaque zero: with constant
+        # acc += a @ W[idx] for this warpgroup's column pieces of g: 64 + 32 for the wide one, the last 16 for the
+        # narrow one (tensor shapes are powers of two). The weight index goes through an opaque zero: with constant
         # indices the compiler hoisted all the wgmma descriptors (64-bit each) out of the loops and spilled them.
         i = idx + gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if WIDE:
