@@ -37,6 +37,10 @@ from .conv_tc import _capability
 
 C = 64  # channels in and out
 STAGES = 2  # input rows in flight for 64->64 (shared memory: weights 72 KB + STAGES x (3 + residual) boxes of 16 KB)
+# Programs per SM for narrow outputs (64->3: weights 18 KB + 3 stages x 3 boxes of 8 KB = ~92 KB of shared memory,
+# so two fit). Row runs are sized for that many resident programs: at B=1 a run's rows are walked one after another,
+# so shorter runs cut latency. 64->64 programs (144-216 KB) fit one per SM.
+NARROW_PER_SM = 2
 
 
 def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
@@ -204,14 +208,14 @@ if gluon is not None:
 
 
 @functools.cache  # a search over H chunk counts; launches repeat the same shapes
-def _rows_per_program(B: int, H: int, strips: int, sms: int) -> int:
-    """Rows per program: whole columns where that fills the GPU, else enough row chunks for ~one wave (each chunk
-    re-reads 2 halo rows, so fewer, longer chunks are cheaper)."""
+def _rows_per_program(B: int, H: int, strips: int, slots: int) -> int:
+    """Rows per program: whole columns where that fills the GPU's `slots` resident programs, else enough row chunks
+    for ~one wave (each chunk re-reads 2 halo rows, so fewer, longer chunks are cheaper)."""
     best = None
     for chunks in range(1, H + 1):
         rows = -(-H // chunks)
         programs = B * strips * -(-H // rows)
-        cost = -(-programs // sms) * (rows + 2)
+        cost = -(-programs // slots) * (rows + 2)
         if best is None or cost < best[0]:
             best = (cost, rows)
     return best[1]
@@ -242,7 +246,8 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, n_pad), [C, n_pad],
                                           gl.NVMMASharedLayout.get_default_for([C, n_pad], gl.float16))
     strips = -(-W // block_w)
-    rows = _rows_per_program(B, H, strips, _sm_count(x.device))
+    per_sm = NARROW_PER_SM if n_pad < C else 1
+    rows = _rows_per_program(B, H, strips, _sm_count(x.device) * per_sm)
     chunks = -(-H // rows)
     _halo_conv_kernel[(B * chunks * strips,)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
