@@ -24,7 +24,8 @@ from taesd_fast.timing import graphed, time_ms
 CHAIN = 20
 P = lambda m, w, s, k=0: tc.TCConfig(m, w, s, block_k=k)
 POINTER = [P(64, 4, 3), P(64, 4, 2), P(64, 4, 5), P(64, 4, 9), P(32, 4, 3), P(32, 4, 5), P(32, 4, 9), P(32, 2, 5),
-           P(64, 4, 5, 32), P(64, 4, 10, 32), P(128, 4, 3), P(128, 8, 5), P(16, 1, 5), P(16, 1, 9)]
+           P(64, 4, 5, 32), P(64, 4, 10, 32), P(128, 4, 3), P(128, 8, 5), P(16, 1, 5), P(16, 1, 9),
+           tc.TCConfig(64, 4, 3, small_tile=True)]  # the latency kernel (64->64 only; elsewhere it falls back)
 WIDE = [tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), tc.TCConfig(128, 4, 3, tile_w=16, halo_w=64),
         tc.TCConfig(64, 4, 3, tile_w=16), tc.TCConfig(128, 4, 3, tile_w=16)]
 # name, C_in, C_out, H, W, upsample, residual, relu, pre_clamp

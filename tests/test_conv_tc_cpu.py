@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast.kernels import conv_tc as tc
-from taesd_fast.kernels import conv_halo, conv_tc_tma
+from taesd_fast.kernels import conv_halo, conv_tile, conv_tc_tma
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
@@ -172,7 +172,28 @@ def test_default_config_takes_the_row_streaming_kernel_for_64_to_64_and_64_to_3(
     assert not tc.default_config(64, 64, 2, 1, big // 4).halo_w
     assert not tc.default_config(32, 64, 1, 1, big).halo_w
     assert not tc.default_config(64, 32, 1, 1, big).halo_w
-    assert not tc.default_config(64, 64, 1, 1, 2 * 32 * 32).halo_w  # small problems keep 64-row pointer tiles
+    assert not tc.default_config(64, 64, 1, 1, 2 * 32 * 32).halo_w  # small problems: 64-pixel tiles (below)
+
+
+def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
+    small = tc.default_config(64, 64, 1, 1, 128 * 128)
+    assert small.small_tile and small.block_m == 64
+    assert not tc.default_config(64, 64, 1, 1, 128 * 128, tma=False).small_tile  # eager: the pointer kernel
+    assert not tc.default_config(64, 64, 1, 1, 256 * 256).small_tile  # enough tiles: the row-streaming kernel
+    assert not tc.default_config(64, 3, 1, 1, 32 * 32).small_tile
+    assert not tc.default_config(64, 64, 1, 2, 32 * 32).small_tile  # upsample fold
+    assert not tc.default_config(4, 64, 1, 1, 32 * 32).small_tile
+
+
+def test_latency_kernel_says_where_it_does_not_apply():
+    x = torch.empty(1, 64, 8, 32, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    reason = lambda x=x, c_out=64, stride=1, upsample=1, pre_clamp=False: conv_tile.unsupported_reason(  # noqa: E731
+        x, c_out, stride, upsample, pre_clamp)
+    assert "64->3" in reason(c_out=3)
+    assert "32->64" in reason(x=x[:, :32])
+    assert "stride 2" in reason(stride=2) and "upsample" in reason(upsample=2) and "pre_clamp" in reason(pre_clamp=True)
+    assert "W=8" in reason(x=x[..., :8])
+    assert "sm_90" in reason()  # everything else fits: this machine has no GPU
 
 
 def test_row_streaming_kernel_says_where_it_does_not_apply():

@@ -262,7 +262,9 @@ class TCConfig:
     persistent > 0 (TMA only): that many programs per SM, each looping over tiles.
     halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns (64 where W <= 64),
     where it applies (64->64 or 64->3, stride 1, no upsample or pre_clamp, W >= 64, sm_90); elsewhere the TMA or
-    pointer kernel as above."""
+    pointer kernel as above.
+    small_tile: the latency kernel (conv_tile: 64-pixel tiles, weights loaded before the PDL wait, all 9 input boxes
+    in one round) where it applies (64->64, stride 1, no upsample or pre_clamp, sm_90); elsewhere as above."""
 
     block_m: int = 128
     num_warps: int = 4
@@ -272,13 +274,16 @@ class TCConfig:
     tile_w: int = 0
     persistent: int = 0
     halo_w: int = 0
+    small_tile: bool = False
 
     def __str__(self) -> str:
         return (f"M{self.block_m}w{self.num_warps}s{self.num_stages}" + (f"k{self.block_k}" if self.block_k else "")
                 + ("ca" if self.cache_a else "") + (f"t{self.tile_w}" if self.tile_w else "")
-                + (f"p{self.persistent}" if self.persistent else "") + (f"h{self.halo_w}" if self.halo_w else ""))
+                + (f"p{self.persistent}" if self.persistent else "") + (f"h{self.halo_w}" if self.halo_w else "")
+                + ("st" if self.small_tile else ""))
 
 
+SMALL_TILE = True  # small 64->64 problems take the latency kernel (conv_tile) in graphs; benchmarks toggle it
 # Measured best configs, (C_in, C_out, stride, upsample) -> TCConfig; filled from scripts/bench_conv_tc.py output.
 TUNED: dict[tuple, TCConfig] = {}
 _SMS = 132  # H200; only used to avoid launching fewer than ~2 waves of tiles on small problems
@@ -294,8 +299,9 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
     plan = _plan(c_in, c_out, upsample)
     tiles = lambda bm: -(-m_rows // bm) * plan.phases * (plan.n_pad // plan.block_n)
     num_warps = 8 if plan.block_n >= 128 else 4
-    if tiles(128) < 2 * _SMS:  # small problems (B=1 previews): smaller tiles fill the SMs; TMA measured no gain
-        return TCConfig(64, num_warps, 2 if plan.flat else 3)
+    if tiles(128) < 2 * _SMS:  # small problems (B=1 previews): smaller tiles fill the SMs
+        small_tile = SMALL_TILE and tma and c_in == 64 and c_out == 64 and stride == 1 and upsample == 1
+        return TCConfig(64, num_warps, 2 if plan.flat else 3, small_tile=small_tile)
     if plan.flat:  # a single K step: nothing to pipeline
         return TCConfig(128, num_warps, 2)
     # 2-D TMA tiles where they apply (the launcher falls back to the pointer kernel elsewhere): 64->64 at 256^2,
@@ -476,6 +482,13 @@ def _halo_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: b
     return conv_halo.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
 
 
+def _small_tile_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+    """Why this call cannot take the latency kernel (then the row-streaming, TMA or pointer kernel runs), or None."""
+    from . import conv_tile
+
+    return conv_tile.unsupported_reason(x, c_out, stride, upsample, pre_clamp)
+
+
 PDL = True  # launch with programmatic dependent launch where the GPU has it (sm_90+); benchmarks toggle it
 
 
@@ -525,12 +538,18 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     if POISON_OUTPUT:
         out.fill_(float("nan"))
     grid = (-(-M // cfg.block_m) * plan.phases, plan.n_pad // plan.block_n)
-    halo = cfg.halo_w and _halo_reason(x, c_out, stride, upsample, pre_clamp, residual is not None) is None
-    tma = not halo and cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
+    small = cfg.small_tile and _small_tile_reason(x, c_out, stride, upsample, pre_clamp) is None
+    halo = (not small and cfg.halo_w
+            and _halo_reason(x, c_out, stride, upsample, pre_clamp, residual is not None) is None)
+    tma = not small and not halo and cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
     # Launch on x's device (current stream); entering a device context costs CPU time, so only when it differs.
     other_device = x.is_cuda and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if other_device else contextlib.nullcontext():
-        if halo:
+        if small:
+            from . import conv_tile
+
+            conv_tile.launch(x, wp, b, residual, out, relu, pdl_args(x))
+        elif halo:
             from . import conv_halo
 
             conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w, pdl_args(x))

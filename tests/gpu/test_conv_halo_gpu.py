@@ -1,7 +1,8 @@
-"""The row-streaming Gluon conv (kernels/conv_halo.py), reached through conv_tc's launcher with a halo_w config.
+"""The Gluon convs, reached through conv_tc's launcher: the row-streaming kernel (kernels/conv_halo.py, halo_w
+configs) and the latency kernel for small images (kernels/conv_tile.py, small_tile configs).
 
 Same bound as test_conv_tc_gpu: rel err vs float64 <= 2x cuDNN's own f16 error on the same inputs, NaN-poisoned
-outputs, fresh random inputs. Every case asserts the row-streaming kernel really ran (a fallback to the TMA kernel
+outputs, fresh random inputs. Every case asserts the kernel under test really ran (a fallback to another kernel
 would pass the numeric checks too). Row chunks are forced small in some cases so that chunk boundaries (the two
 halo rows each chunk re-reads), partial last chunks and several strips per image are all exercised.
 """
@@ -13,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from taesd_fast.kernels import conv_halo
+from taesd_fast.kernels import conv_halo, conv_tile
 from taesd_fast.kernels import conv_tc as tc
 
 CL = torch.channels_last
@@ -31,17 +32,26 @@ def _poison(monkeypatch):
     monkeypatch.setattr(tc, "POISON_OUTPUT", True)
 
 
-@pytest.fixture
-def launches(monkeypatch):
+def _count_launches(module, monkeypatch) -> list:
     calls = []
-    real = conv_halo.launch
+    real = module.launch
 
     def counting(*a, **k):
         calls.append(a[0].shape)
         return real(*a, **k)
 
-    monkeypatch.setattr(conv_halo, "launch", counting)
+    monkeypatch.setattr(module, "launch", counting)
     return calls
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    return _count_launches(conv_halo, monkeypatch)
+
+
+@pytest.fixture
+def tile_launches(monkeypatch):
+    return _count_launches(conv_tile, monkeypatch)
 
 
 def _make(B, H, W, bias, residual, gen, cout=64):
@@ -122,3 +132,61 @@ def test_graph_capture_replays_new_inputs(launches):
     graph.replay()
     assert len(launches) == 2
     _assert_close(y, (x, w, b, r, 1, True, 1, False))
+
+
+# --------------------------------------------------------------------------- the latency kernel (conv_tile)
+
+SMALL = tc.TCConfig(64, 4, 3, small_tile=True)
+
+
+@pytest.mark.parametrize("bias,residual,relu", list(itertools.product([False, True], repeat=3)))
+def test_small_tile_epilogues(bias, residual, relu, tile_launches):
+    gen = torch.Generator(device="cuda").manual_seed(100 + int(bias) + 2 * residual + 4 * relu)
+    x, w, b, r = _make(2, 17, 40, bias, residual, gen)  # 64-column tiles over 40 columns: zero fill, clipped stores
+    args = (x, w, b, r, 1, relu, 1, False)
+    y = tc.conv3x3_tc_launch(*args, config=SMALL)
+    assert tile_launches, "the tile kernel did not run"
+    _assert_close(y, args)
+
+
+@pytest.mark.parametrize("B,H,W", [(1, 32, 32), (1, 64, 64), (1, 128, 128), (3, 7, 20), (2, 9, 16), (1, 1, 64),
+                                   (1, 33, 97), (4, 5, 33)])
+def test_small_tile_shapes(B, H, W, tile_launches):
+    """Tiles of 1 x 64, 2 x 32 and 4 x 16 pixels (by W), partial tiles at the bottom and right edges."""
+    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + H * 10 + W)
+    x, w, b, r = _make(B, H, W, True, True, gen)
+    args = (x, w, b, r, 1, True, 1, False)
+    y = tc.conv3x3_tc_launch(*args, config=SMALL)
+    assert tile_launches
+    _assert_close(y, args)
+
+
+@pytest.mark.parametrize("W,cout,upsample", [(8, 64, 1), (32, 3, 1), (32, 64, 2)])
+def test_small_tile_falls_back_where_it_does_not_apply(W, cout, upsample, tile_launches):
+    gen = torch.Generator(device="cuda").manual_seed(W + cout)
+    x, w, b, _ = _make(1, 8, W, True, False, gen, cout)
+    args = (x, w, b, None, 1, False, upsample, False)
+    y = tc.conv3x3_tc_launch(*args, config=SMALL)
+    assert not tile_launches
+    _assert_close(y, args)
+
+
+def test_small_tile_graph_replays_new_inputs(tile_launches):
+    """Two convs captured back to back with programmatic dependent launch, as in a decode: the replay on new inputs
+    must equal the same two launches run eagerly (the second conv sees the first one's fresh output)."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    x, w, b, r = _make(1, 32, 32, True, True, gen)
+    w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
+    run = lambda: tc.conv3x3_tc_launch(tc.conv3x3_tc_launch(x, w, b, None, 1, True, config=SMALL), w2, b, r, 1,
+                                       True, config=SMALL)
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run()
+    x.copy_(torch.randn(x.shape, generator=gen, device="cuda").half())
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = run()
+    assert len(tile_launches) == 6
+    assert not y.isnan().any() and torch.equal(y, expected)
