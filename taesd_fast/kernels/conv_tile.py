@@ -7,19 +7,22 @@ programmatic dependent launch (scripts/launch_floor.py, run W1), but the pointer
 walks 9 taps, each loading an input slice and a [64, 64] weight slice from L2 a few taps ahead of the MMA, so its
 critical path is a chain of L2 round trips. The MMA work itself is 0.6 us per 64-pixel tile.
 
-How: one program computes a tile of 64 output pixels (1 x 64, 2 x 32 or 4 x 16) of one image. The 9 weight taps
-(72 KB) are loaded into shared memory by TMA *before* griddepcontrol.wait: weights are not written by the previous
-kernel, so their load overlaps its drain. After the wait, one round of TMA loads brings the 9 input boxes, one per
-tap, shifted by (dy - 1, dx - 1) (TMA zero-fills outside the image: the conv's padding), and the residual tile. (Three
-taller boxes, one per dx, would carry fewer bytes, but a tap's operand would then be a slice at a row offset that is
-not a multiple of the slice's length, which Gluon's shared-memory views reject.) The 9 wgmmas run back to back from
-shared memory (152 KB in all); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
-store from the first input box's buffer (clipped at the image edge).
+How: one program computes 1 or 2 rows of 64 output pixels of one image (narrower images leave the rest of the row
+to TMA's zero fill and clipped stores). The 9 weight taps (72 KB) are loaded into shared memory by TMA *before*
+griddepcontrol.wait: weights are not written by the previous kernel, so their load overlaps its drain. After the
+wait, one round of TMA loads brings the input rows y0-1 .. y0+2 as three boxes shifted by dx = -1, 0, +1 columns
+(TMA zero-fills outside the image: the conv's padding), and the residual rows. Output row r's tap (dy, dx) is the
+64-pixel slice at row r + dy of box dx. The 9 (or 18) wgmmas run back to back from shared memory (one warpgroup,
+one accumulator per output row); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
+store (clipped at the image's edges). Two-row tiles where one-row tiles would need more than one wave of programs
+(128^2 at B=1: 128 programs instead of 256).
 
 Predicted (written before it ran; H200): a conv's post-wait critical path = one TMA round trip (~0.6 us) + 9 wgmmas
-(0.6 us) + epilogue and store (~0.4 us), plus the ~0.8 us launch link: ~2.4 us at 32^2 and 64^2 (from 4.4-4.6); at
-128^2 (256 programs, two waves at one per SM) ~4 us (from 6.3); the 27 Block convs of a 256^2 B=1 decode ~55 us less:
-0.216 -> ~0.16 ms.
+(0.6 us) + epilogue and store (~0.4 us), plus the ~0.8 us launch link: ~2.4 us at 32^2 and 64^2 (from 4.4-4.6); the
+27 Block convs of a 256^2 B=1 decode ~55 us less: 0.216 -> ~0.16 ms. Measured (BENCHMARKS.md, run W2, the first form
+with one box per tap and 64-pixel tiles only): 2.65 / 2.86 us per conv in a chain at 32^2 / 64^2 (pointer kernel
+3.21 / 3.36), but 6.80 at 128^2 (5.58: two waves); the decode 0.2235 -> 0.1997 ms. Two-row tiles at 128^2 (1.2 us of
+MMA, one wave): predicted ~4 us there.
 
 Covers C_in = C_out = 64, stride 1, no upsample or pre_clamp, sm_90 with Gluon, 16-byte aligned tensors. conv_tc does
 the checks, the weight packing (rows tap * 64 + c_in, tap = 3 * dy + dx) and the epilogue semantics.
@@ -31,10 +34,11 @@ from torch import Tensor
 
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
 from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from .conv_halo import _nhwc_desc
+from .conv_halo import _nhwc_desc, _sm_count
 from .conv_tc import _capability
 
 C = 64  # channels in and out
+TW = 64  # tile width in pixels: one wgmma's M (narrower images leave columns to TMA's zero fill and clipped stores)
 
 
 def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
@@ -46,7 +50,7 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
     if stride != 1 or upsample != 1 or pre_clamp:
         return "stride 2, the upsample fold or pre_clamp (the tile kernel does plain stride-1 convs)"
     if x.shape[3] < 16:
-        return f"W={x.shape[3]} (< 16: tiles would be mostly padding)"
+        return f"W={x.shape[3]} (< 16: 64-pixel tile rows would be mostly padding)"
     if not x.is_cuda or _capability(x.device) != 9:
         return "needs an sm_90 GPU (wgmma)"
     if x.data_ptr() % 16:
@@ -54,34 +58,54 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
     return None
 
 
-def tile_shape(W: int) -> tuple[int, int]:
-    """(TH, TW) of a 64-pixel tile: 64 columns, or 2 x 32 / 4 x 16 for narrower images."""
-    tw = 64 if W > 32 else 32 if W > 16 else 16
-    return 64 // tw, tw
+def tile_rows(B: int, H: int, W: int, sms: int) -> int:
+    """Output rows per program: 2 where one-row tiles would need more than one wave of programs (128^2 at B=1), else
+    1 (a shorter MMA chain per program)."""
+    return 2 if B * H * -(-W // TW) > sms else 1
 
 
 if gluon is not None:
 
     @gluon.jit
+    def _taps(x_smem, w_smem, acc, row: gl.constexpr):
+        # Output row `row` of the tile: tap (dy, dx) reads input row row + dy of box dx, a 64-row slice at a multiple
+        # of 64 (Gluon's shared-memory views need the offset to be a multiple of the slice's length).
+        for dy in gl.static_range(3):
+            for dx in gl.static_range(3):
+                a = x_smem.index(dx).reshape([256, 64]).slice((row + dy) * 64, 64)
+                acc = warpgroup_mma(a, w_smem.index(3 * dy + dx), acc, is_async=True)
+        return acc
+
+    @gluon.jit
+    def _epilogue(acc, row: gl.constexpr, bias, r_smem, o_smem, mma: gl.constexpr, TH: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr):
+        if HAS_BIAS:
+            acc = acc + bias[None, :]
+        if HAS_RES:
+            acc = acc + r_smem.reshape([TH * 64, 64]).slice(row * 64, 64).load(mma).to(gl.float32)
+        if RELU:
+            acc = gl.maximum(acc, 0.0)
+        o_smem.reshape([TH * 64, 64]).slice(row * 64, 64).store(acc.to(gl.float16))
+
+    @gluon.jit
     def _tile_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, TILES_H, TILES_W,
                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr, TH: gl.constexpr,
-                          TW: gl.constexpr, PDL: gl.constexpr):
-        M: gl.constexpr = TH * TW
+                          PDL: gl.constexpr):
         pid = gl.program_id(0)
         tx = pid % TILES_W
         t = pid // TILES_W
         img = t // TILES_H
         y0 = (t % TILES_H) * TH
-        x0 = tx * TW
+        x0 = tx * 64
 
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, 64, 16])
-        x_smem = gl.allocate_shared_memory(gl.float16, [9, 1, TH, TW, 64], x_desc.layout)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        x_smem = gl.allocate_shared_memory(gl.float16, [3, 1, 4, 64, 64], x_desc.layout)  # rows y0-1 .. y0+2
         w_smem = gl.allocate_shared_memory(gl.float16, [9, 64, 64], w_desc.layout)
+        o_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, 64], y_desc.layout)
         if HAS_RES:
-            r_smem = gl.allocate_shared_memory(gl.float16, [1, TH, TW, 64], r_desc.layout)
+            r_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, 64], r_desc.layout)
         else:
-            r_smem = x_smem.index(0)  # never read
+            r_smem = o_smem  # never read
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         w_bar = bars.index(0)
         x_bar = bars.index(1)
@@ -101,32 +125,27 @@ if gluon is not None:
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
-        # One box per tap (a slice of a taller box could not start at a row offset that is not a multiple of M).
-        mbarrier.expect(x_bar, (9 + HAS_RES) * M * 64 * 2)
-        for tap in gl.static_range(9):
-            tma.async_copy_global_to_shared(x_desc, [img, y0 - 1 + tap // 3, x0 - 1 + tap % 3, 0], x_bar,
-                                            x_smem.index(tap))
+        mbarrier.expect(x_bar, (3 * 4 + TH * HAS_RES) * 64 * 64 * 2)
+        for dx in gl.static_range(3):
+            tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], x_bar, x_smem.index(dx))
         if HAS_RES:
             tma.async_copy_global_to_shared(r_desc, [img, y0, x0, 0], x_bar, r_smem)
 
-        acc = gl.zeros([M, 64], gl.float32, mma)
+        acc0 = gl.zeros([64, 64], gl.float32, mma)
         mbarrier.wait(w_bar, 0)
         mbarrier.wait(x_bar, 0)
-        for tap in gl.static_range(9):
-            acc = warpgroup_mma(x_smem.index(tap).reshape([M, 64]), w_smem.index(tap), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-
-        if HAS_BIAS:
-            acc = acc + bias[None, :]
-        if HAS_RES:
-            acc = acc + r_smem.reshape([M, 64]).load(mma).to(gl.float32)
-        if RELU:
-            acc = gl.maximum(acc, 0.0)
-        o_smem = x_smem.index(0)  # the MMAs are done with the input boxes
-        o_smem.reshape([M, 64]).store(acc.to(gl.float16))
+        acc0 = _taps(x_smem, w_smem, acc0, 0)
+        if TH == 2:
+            acc1 = _taps(x_smem, w_smem, gl.zeros([64, 64], gl.float32, mma), 1)
+            acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, HAS_BIAS, HAS_RES, RELU)
+            _epilogue(acc1, 1, bias, r_smem, o_smem, mma, TH, HAS_BIAS, HAS_RES, RELU)
+        else:
+            acc0 = warpgroup_mma_wait(0, deps=[acc0])
+            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, HAS_BIAS, HAS_RES, RELU)
         fence_async_shared()
         gl.thread_barrier()
-        tma.async_copy_shared_to_global(y_desc, [img, y0, x0, 0], o_smem)
+        tma.async_copy_shared_to_global(y_desc, [img, y0, x0, 0], o_smem)  # clipped at the image's edges
         tma.store_wait(0)
         mbarrier.invalidate(w_bar)
         mbarrier.invalidate(x_bar)
@@ -137,17 +156,16 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     """x, residual, out: channels_last f16 [B, 64, H, W]; wp: conv_tc's packed weight [1, 576, 64] (rows tap * 64 +
     c_in); pdl: conv_tc.pdl_args(x)."""
     B, _, H, W = x.shape
-    th, tw = tile_shape(W)
+    th = tile_rows(B, H, W, _sm_count(x.device))
     act = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    box = [1, th, tw, C]
-    x_desc = _nhwc_desc(x, box, act)
-    y_desc = _nhwc_desc(out, box, act)
-    r_desc = _nhwc_desc(residual, box, act) if residual is not None else y_desc
+    x_desc = _nhwc_desc(x, [1, 4, TW, C], act)
+    y_desc = _nhwc_desc(out, [1, th, TW, C], act)
+    r_desc = _nhwc_desc(residual, [1, th, TW, C], act) if residual is not None else y_desc
     w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, C), [C, C],
                                           gl.NVMMASharedLayout.get_default_for([C, C], gl.float16))
-    tiles_h, tiles_w = -(-H // th), -(-W // tw)
+    tiles_h, tiles_w = -(-H // th), -(-W // TW)
     _tile_conv_kernel[(B * tiles_h * tiles_w,)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, tiles_h, tiles_w,
-        HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th, TW=tw,
+        HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th,
         num_warps=4, **(pdl or {"PDL": False}),
     )
