@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Where the Gluon convs spend their time: variants of kernels/conv_halo.py (row-streaming) and kernels/conv_tile.py
+(small tiles) with one part removed each (the MMAs, two of the three dx-shifted input boxes, the weight load),
+timed as 20 dependent launches in one CUDA graph, us per launch. A diagnostic, not a test: the variants compute
+wrong outputs. Run: python3 scripts/conv_probe.py [shape filter,...]
+
+Reading it: if loading one box per input row instead of three cuts the time, the kernel is bound by the bytes TMA
+moves from L2 into shared memory, not by the tensor cores.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from taesd_fast.kernels import conv_halo, conv_tile  # noqa: E402
+from taesd_fast.kernels import conv_tc as tc  # noqa: E402
+from taesd_fast.timing import graphed, time_ms  # noqa: E402
+
+KERNELS = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels"
+CHAIN = 20
+HALO_MMA = [f"        acc_{a} = warpgroup_mma(a{k}, w_smem.index({t}), acc_{a}{u}, is_async=True)\n"
+            for k, row in enumerate([(6, 3, 0), (7, 4, 1), (8, 5, 2)])
+            for a, t in zip(("done", "cur", "next"), row) for u in [", use_acc=False" if (a, k) == ("next", 0) else ""]]
+EDITS = {
+    conv_halo: {
+        "one dx box per row": [("(4 if HAS_RES else 3) * BLOCK_W", "(2 if HAS_RES else 1) * BLOCK_W"),
+                               ("        for dx in gl.static_range(3):\n            tma.async_copy_global_to_shared(x_desc",
+                                "        for dx in gl.static_range(1, 2):\n            tma.async_copy_global_to_shared(x_desc")],
+        "no MMA": [(line, "") for line in HALO_MMA] + [
+            ("        acc_done, acc_cur, acc_next = warpgroup_mma_wait(2, deps=[acc_done, acc_cur, acc_next])\n", ""),
+            ("        acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])\n", "")],
+    },
+    conv_tile: {
+        "one dx box": [("(3 * 4 + TH * HAS_RES)", "(4 + TH * HAS_RES)"),
+                       ("        for dx in gl.static_range(3):\n            tma.async_copy_global_to_shared(x_desc",
+                        "        for dx in gl.static_range(1, 2):\n            tma.async_copy_global_to_shared(x_desc")],
+        "no weight load": [("            tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))",
+                            "            pass"),
+                           ("        mbarrier.wait(w_bar, 0)\n", "")],
+        "no MMA": [("        acc0 = _taps(x_smem, w_smem, acc0, 0)\n", ""),
+                   ("            acc1 = _taps(x_smem, w_smem, gl.zeros([64, 64], gl.float32, mma), 1)",
+                    "            acc1 = gl.zeros([64, 64], gl.float32, mma)")],
+    },
+}
+KERNEL_NAME = {conv_halo: "_halo_conv_kernel", conv_tile: "_tile_conv_kernel"}
+# name, module, config, B, H, W, C_out, residual
+SHAPES = [
+    ("row-streaming 64->64 256^2 B=1 b+r+relu", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 1, 256, 256,
+     64, True),
+    ("row-streaming 64->3 256^2 B=1", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 1, 256, 256, 3, False),
+    ("row-streaming 64->64 256^2 B=16 b+r+relu", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 16, 256,
+     256, 64, True),
+    ("tile 64->64 128^2 B=1 b+r+relu", conv_tile, tc.TCConfig(64, 4, 3, small_tile=True), 1, 128, 128, 64, True),
+    ("tile 64->64 32^2 B=1 b+r+relu", conv_tile, tc.TCConfig(64, 4, 3, small_tile=True), 1, 32, 32, 64, True),
+]
+
+
+def variant(module, name: str, edits):
+    src = pathlib.Path(module.__file__).read_text()
+    for old, new in edits:
+        assert old in src, (name, old[:70])
+        src = src.replace(old, new)
+    mod_name = "_probe_" + "".join(ch if ch.isalnum() else "_" for ch in f"{module.__name__[-4:]}_{name}")
+    (KERNELS / f"{mod_name}.py").write_text(src)
+    return getattr(importlib.import_module(f"taesd_fast.kernels.{mod_name}"), KERNEL_NAME[module])
+
+
+def main() -> None:
+    wanted = sys.argv[1].split(",") if len(sys.argv) > 1 else None
+    cl = torch.channels_last
+    print(f"GPU {torch.cuda.get_device_name()}; us per launch in a chain of {CHAIN}")
+    for label, module, cfg, B, H, W, cout, res in SHAPES:
+        if wanted and not any(w in label for w in wanted):
+            continue
+        x = torch.randn(B, 64, H, W, device="cuda").half().contiguous(memory_format=cl)
+        w = (torch.randn(cout, 64, 3, 3, device="cuda") / 24).half()
+        b = torch.randn(cout, device="cuda").half()
+        r = torch.randn(B, cout, H, W, device="cuda").half().contiguous(memory_format=cl) if res else None
+        y = torch.empty(B, cout, H, W, device="cuda", dtype=torch.float16, memory_format=cl)
+        original = getattr(module, KERNEL_NAME[module])
+        row = []
+        for name, edits in [("baseline", [])] + list(EDITS[module].items()):
+            setattr(module, KERNEL_NAME[module], variant(module, name, edits) if edits else original)
+
+            def chain():
+                for _ in range(CHAIN):
+                    tc.conv3x3_tc_launch(x, w, b, r, 1, True, config=cfg, out=y)
+
+            try:
+                row.append(f"{name} {time_ms(graphed(chain)) * 1e3 / CHAIN:.2f}")
+            except Exception as e:  # noqa: BLE001  a variant that does not build is reported, not fatal
+                row.append(f"{name} failed ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
+        setattr(module, KERNEL_NAME[module], original)
+        print(f"{label}: " + ", ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
