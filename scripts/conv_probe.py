@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where the Gluon convs spend their time: variants of kernels/conv_halo.py (row-streaming) and kernels/conv_tile.py
-(small tiles) with one part removed each (the MMAs, two of the three dx-shifted input boxes, the weight load),
+(small tiles) with one part removed each (the MMAs, two of the three dx-shifted input boxes, the weight load) or
+put back (the row-streaming kernel's MMAs for rows outside its run),
 timed as 20 dependent launches in one CUDA graph, us per launch. A diagnostic, not a test: the variants compute
 wrong outputs. Run: python3 scripts/conv_probe.py [shape filter,...]
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pathlib
+import re
 import sys
 
 import torch
@@ -24,17 +26,15 @@ from taesd_fast.timing import graphed, time_ms  # noqa: E402
 
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels"
 CHAIN = 20
-HALO_MMA = [f"        acc_{a} = warpgroup_mma(a{k}, w_smem.index({t}), acc_{a}{u}, is_async=True)\n"
-            for k, row in enumerate([(6, 3, 0), (7, 4, 1), (8, 5, 2)])
-            for a, t in zip(("done", "cur", "next"), row) for u in [", use_acc=False" if (a, k) == ("next", 0) else ""]]
+NO_MMA = (re.compile(r"^( *)acc_\w+(, acc_\w+)* = warpgroup_mma(_wait)?\(.*$", re.M), r"\1pass")  # each MMA and wait
 EDITS = {
     conv_halo: {
         "one dx box per row": [("(4 if HAS_RES else 3) * BLOCK_W", "(2 if HAS_RES else 1) * BLOCK_W"),
                                ("        for dx in gl.static_range(3):\n            tma.async_copy_global_to_shared(x_desc",
                                 "        for dx in gl.static_range(1, 2):\n            tma.async_copy_global_to_shared(x_desc")],
-        "no MMA": [(line, "") for line in HALO_MMA] + [
-            ("        acc_done, acc_cur, acc_next = warpgroup_mma_wait(2, deps=[acc_done, acc_cur, acc_next])\n", ""),
-            ("        acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])\n", "")],
+        "no MMA": [NO_MMA],
+        "every MMA (edge steps not skipped)": [("        if (i >= 2) & (row_done + 2 < r_end):  # every MMA",
+                                                "        if True:  # every MMA")],
     },
     conv_tile: {
         "one dx box": [("(3 * 4 + TH * HAS_RES)", "(4 + TH * HAS_RES)"),
@@ -62,10 +62,15 @@ SHAPES = [
 
 
 def variant(module, name: str, edits):
+    """The module's source with edits applied: (old, new) strings, or (compiled regex, replacement)."""
     src = pathlib.Path(module.__file__).read_text()
     for old, new in edits:
-        assert old in src, (name, old[:70])
-        src = src.replace(old, new)
+        if isinstance(old, str):
+            assert old in src, (name, old[:70])
+            src = src.replace(old, new)
+        else:
+            src, count = old.subn(new, src)
+            assert count, (name, old.pattern)
     mod_name = "_probe_" + "".join(ch if ch.isalnum() else "_" for ch in f"{module.__name__[-4:]}_{name}")
     (KERNELS / f"{mod_name}.py").write_text(src)
     return getattr(importlib.import_module(f"taesd_fast.kernels.{mod_name}"), KERNEL_NAME[module])

@@ -185,6 +185,13 @@ def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
     assert not tc.default_config(4, 64, 1, 1, 32 * 32).small_tile
 
 
+def test_latency_kernel_tiles_fill_one_wave():
+    """Half the channels per program where twice the programs fit one wave, two rows where one-row tiles do not."""
+    assert conv_tile.tile_shape(1, 32, 32, 132) == (1, 32)  # 32 one-row tiles: 64 programs
+    assert conv_tile.tile_shape(1, 100, 64, 132) == (1, 64)
+    assert conv_tile.tile_shape(1, 128, 128, 132) == (2, 64)  # 256 one-row tiles: 128 two-row ones
+
+
 def test_latency_kernel_says_where_it_does_not_apply():
     x = torch.empty(1, 64, 8, 32, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     reason = lambda x=x, c_out=64, stride=1, upsample=1, pre_clamp=False: conv_tile.unsupported_reason(  # noqa: E731

@@ -150,43 +150,17 @@ if gluon is not None:
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
-    def _row_step(i, acc_next, acc_cur, acc_done, x_desc, r_desc, y_desc, x_smem, r_smem, w_smem, o_smem, bars, bias,
-                  y_ptr, img, r0, r_end, col0, H, W, n_groups, dot_a: gl.constexpr, mma: gl.constexpr,
-                  C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
-                  BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
-        stage = i % NUM_STAGES
-        bar = bars.index(stage)
-        mbarrier.wait(bar, (i // NUM_STAGES) & 1)
-        a0 = x_smem.index(stage * 3 + 0).reshape([BLOCK_W, 64]).load(dot_a)
-        a1 = x_smem.index(stage * 3 + 1).reshape([BLOCK_W, 64]).load(dot_a)
-        a2 = x_smem.index(stage * 3 + 2).reshape([BLOCK_W, 64]).load(dot_a)
-        if HAS_RES:
-            res = r_smem.index(stage).reshape([BLOCK_W, 64]).load(mma)
-        gl.thread_barrier()  # every warp has its operands in registers: the stage can be refilled
-        nxt = i + NUM_STAGES
-        _load_row(x_desc, r_desc, x_smem, r_smem, bar, stage, img, r0 - 1 + nxt, col0, nxt < 3 * n_groups,
-                  HAS_RES, BLOCK_W)
-
-        # Row j-1 (acc_done) first, so it can be drained while the other six MMAs run.
-        acc_done = warpgroup_mma(a0, w_smem.index(6), acc_done, is_async=True)
-        acc_cur = warpgroup_mma(a0, w_smem.index(3), acc_cur, is_async=True)
-        acc_next = warpgroup_mma(a0, w_smem.index(0), acc_next, use_acc=False, is_async=True)
-        acc_done = warpgroup_mma(a1, w_smem.index(7), acc_done, is_async=True)
-        acc_cur = warpgroup_mma(a1, w_smem.index(4), acc_cur, is_async=True)
-        acc_next = warpgroup_mma(a1, w_smem.index(1), acc_next, is_async=True)
-        acc_done = warpgroup_mma(a2, w_smem.index(8), acc_done, is_async=True)
-        acc_cur = warpgroup_mma(a2, w_smem.index(5), acc_cur, is_async=True)
-        acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
-        acc_done, acc_cur, acc_next = warpgroup_mma_wait(2, deps=[acc_done, acc_cur, acc_next])
-
-        out = acc_done
+    def _store_row(acc, res, bias, y_desc, o_smem, y_ptr, img, row, r0, r_end, col0, H, W, mma: gl.constexpr,
+                   C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                   BLOCK_W: gl.constexpr):
+        # Output row `row` from its accumulator: bias, residual, ReLU; stored only if the run owns the row.
+        out = acc
         if HAS_BIAS:
             out = out + bias[None, :]
         if HAS_RES:
             out = out + res.to(gl.float32)
         if RELU:
             out = gl.maximum(out, 0.0)
-        row = r0 - 2 + i
         row_ok = (row >= r0) & (row < r_end)
         if C_OUT == 64:
             tma.store_wait(0)
@@ -202,8 +176,65 @@ if gluon is not None:
             offs = ((img * H + row).to(gl.int64) * W + px)[:, None] * C_OUT + n[None, :]
             mask = ((px < W)[:, None] & (n < C_OUT)[None, :]) & row_ok
             gl.store(y_ptr + offs, out.to(gl.float16), mask=mask)
-        # Drain the last two MMAs before the next step reloads the A registers they read.
-        acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])
+
+    @gluon.jit
+    def _row_step(i, acc_next, acc_cur, acc_done, x_desc, r_desc, y_desc, x_smem, r_smem, w_smem, o_smem, bars, bias,
+                  y_ptr, img, r0, r_end, col0, H, W, n_groups, dot_a: gl.constexpr, mma: gl.constexpr,
+                  C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                  BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
+        stage = i % NUM_STAGES
+        bar = bars.index(stage)
+        mbarrier.wait(bar, (i // NUM_STAGES) & 1)
+        a0 = x_smem.index(stage * 3 + 0).reshape([BLOCK_W, 64]).load(dot_a)
+        a1 = x_smem.index(stage * 3 + 1).reshape([BLOCK_W, 64]).load(dot_a)
+        a2 = x_smem.index(stage * 3 + 2).reshape([BLOCK_W, 64]).load(dot_a)
+        if HAS_RES:
+            res = r_smem.index(stage).reshape([BLOCK_W, 64]).load(mma)
+        else:
+            res = bias  # unused
+        gl.thread_barrier()  # every warp has its operands in registers: the stage can be refilled
+        nxt = i + NUM_STAGES
+        _load_row(x_desc, r_desc, x_smem, r_smem, bar, stage, img, r0 - 1 + nxt, col0, nxt < 3 * n_groups,
+                  HAS_RES, BLOCK_W)
+
+        row_done = r0 - 2 + i  # the row acc_done completes; acc_cur and acc_next hold rows row_done + 1 and + 2
+        if (i >= 2) & (row_done + 2 < r_end):  # every MMA of this step feeds a row of the run
+            # Row j-1 (acc_done) first, so it can be drained while the other six MMAs run.
+            acc_done = warpgroup_mma(a0, w_smem.index(6), acc_done, is_async=True)
+            acc_cur = warpgroup_mma(a0, w_smem.index(3), acc_cur, is_async=True)
+            acc_next = warpgroup_mma(a0, w_smem.index(0), acc_next, use_acc=False, is_async=True)
+            acc_done = warpgroup_mma(a1, w_smem.index(7), acc_done, is_async=True)
+            acc_cur = warpgroup_mma(a1, w_smem.index(4), acc_cur, is_async=True)
+            acc_next = warpgroup_mma(a1, w_smem.index(1), acc_next, is_async=True)
+            acc_done = warpgroup_mma(a2, w_smem.index(8), acc_done, is_async=True)
+            acc_cur = warpgroup_mma(a2, w_smem.index(5), acc_cur, is_async=True)
+            acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
+            acc_done, acc_cur, acc_next = warpgroup_mma_wait(2, deps=[acc_done, acc_cur, acc_next])
+            _store_row(acc_done, res, bias, y_desc, o_smem, y_ptr, img, row_done, r0, r_end, col0, H, W, mma,
+                       C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
+            # Drain the last two MMAs before the next step reloads the A registers they read.
+            acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])
+        else:
+            # A run's first two and last steps: only the MMAs for rows the run stores (the others would feed the
+            # halo rows above it, or rows past its end). At 4 rows per program (B=1) that is a third of the MMAs.
+            # Each group drains before the branch ends: asynchronous accumulators cannot leave a branch.
+            if (i >= 2) & (row_done < r_end):
+                acc_done = warpgroup_mma(a0, w_smem.index(6), acc_done, is_async=True)
+                acc_done = warpgroup_mma(a1, w_smem.index(7), acc_done, is_async=True)
+                acc_done = warpgroup_mma(a2, w_smem.index(8), acc_done, is_async=True)
+                acc_done = warpgroup_mma_wait(0, deps=[acc_done])
+            if (i >= 1) & (row_done + 1 < r_end):
+                acc_cur = warpgroup_mma(a0, w_smem.index(3), acc_cur, is_async=True)
+                acc_cur = warpgroup_mma(a1, w_smem.index(4), acc_cur, is_async=True)
+                acc_cur = warpgroup_mma(a2, w_smem.index(5), acc_cur, is_async=True)
+                acc_cur = warpgroup_mma_wait(0, deps=[acc_cur])
+            if row_done + 2 < r_end:
+                acc_next = warpgroup_mma(a0, w_smem.index(0), acc_next, use_acc=False, is_async=True)
+                acc_next = warpgroup_mma(a1, w_smem.index(1), acc_next, is_async=True)
+                acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
+                acc_next = warpgroup_mma_wait(0, deps=[acc_next])
+            _store_row(acc_done, res, bias, y_desc, o_smem, y_ptr, img, row_done, r0, r_end, col0, H, W, mma,
+                       C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
         return acc_next, acc_cur, acc_done
 
 

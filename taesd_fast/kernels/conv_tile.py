@@ -14,15 +14,18 @@ wait, one round of TMA loads brings the input rows y0-1 .. y0+2 as three boxes s
 (TMA zero-fills outside the image: the conv's padding), and the residual rows. Output row r's tap (dy, dx) is the
 64-pixel slice at row r + dy of box dx. The 9 (or 18) wgmmas run back to back from shared memory (one warpgroup,
 one accumulator per output row); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
-store (clipped at the image's edges). Two-row tiles where one-row tiles would need more than one wave of programs
-(128^2 at B=1: 128 programs instead of 256).
+store (clipped at the image's edges). Where twice the one-row tiles still fit one wave (32^2 and 64^2 at B=1), each
+program computes half the output channels (its MMA chain halves); where one-row tiles would need more than one wave,
+two-row tiles (128^2 at B=1: 128 programs instead of 256).
 
 Predicted (written before it ran; H200): a conv's post-wait critical path = one TMA round trip (~0.6 us) + 9 wgmmas
 (0.6 us) + epilogue and store (~0.4 us), plus the ~0.8 us launch link: ~2.4 us at 32^2 and 64^2 (from 4.4-4.6); the
 27 Block convs of a 256^2 B=1 decode ~55 us less: 0.216 -> ~0.16 ms. Measured (BENCHMARKS.md, run W2, the first form
 with one box per tap and 64-pixel tiles only): 2.65 / 2.86 us per conv in a chain at 32^2 / 64^2 (pointer kernel
 3.21 / 3.36), but 6.80 at 128^2 (5.58: two waves); the decode 0.2235 -> 0.1997 ms. Two-row tiles at 128^2 (1.2 us of
-MMA, one wave): predicted ~4 us there.
+MMA, one wave): predicted ~4 us there; measured (run W3) 4.58 / 5.05 us without / with the residual (pointer kernel
+5.58 / 5.89), the decode 0.1704 ms. Probe (scripts/conv_probe.py, run W4): at 32^2 the MMAs take 0.87 us of 2.75;
+half the channels per program predicted -0.3 to -0.4 us per conv at 32^2 and 64^2.
 
 Covers C_in = C_out = 64, stride 1, no upsample or pre_clamp, sm_90 with Gluon, 16-byte aligned tensors. conv_tc does
 the checks, the weight packing (rows tap * 64 + c_in, tap = 3 * dy + dx) and the epilogue semantics.
@@ -58,10 +61,14 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
     return None
 
 
-def tile_rows(B: int, H: int, W: int, sms: int) -> int:
-    """Output rows per program: 2 where one-row tiles would need more than one wave of programs (128^2 at B=1), else
-    1 (a shorter MMA chain per program)."""
-    return 2 if B * H * -(-W // TW) > sms else 1
+def tile_shape(B: int, H: int, W: int, sms: int) -> tuple[int, int]:
+    """(output rows, output channels) per program: one-row tiles with half the channels where twice the programs
+    still fit one wave (32^2 and 64^2 at B=1: each program's MMA chain halves), all 64 channels where only one-row
+    tiles fit, else two-row tiles (128^2 at B=1)."""
+    one_row_tiles = B * H * -(-W // TW)
+    if 2 * one_row_tiles <= sms:
+        return 1, 32
+    return (1, 64) if one_row_tiles <= sms else (2, 64)
 
 
 if gluon is not None:
@@ -78,32 +85,33 @@ if gluon is not None:
 
     @gluon.jit
     def _epilogue(acc, row: gl.constexpr, bias, r_smem, o_smem, mma: gl.constexpr, TH: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr):
+                  BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr):
         if HAS_BIAS:
             acc = acc + bias[None, :]
         if HAS_RES:
-            acc = acc + r_smem.reshape([TH * 64, 64]).slice(row * 64, 64).load(mma).to(gl.float32)
+            acc = acc + r_smem.reshape([TH * 64, BLOCK_N]).slice(row * 64, 64).load(mma).to(gl.float32)
         if RELU:
             acc = gl.maximum(acc, 0.0)
-        o_smem.reshape([TH * 64, 64]).slice(row * 64, 64).store(acc.to(gl.float16))
+        o_smem.reshape([TH * 64, BLOCK_N]).slice(row * 64, 64).store(acc.to(gl.float16))
 
     @gluon.jit
     def _tile_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, TILES_H, TILES_W,
                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr, TH: gl.constexpr,
-                          PDL: gl.constexpr):
-        pid = gl.program_id(0)
+                          BLOCK_N: gl.constexpr, PDL: gl.constexpr):
+        n0 = (gl.program_id(0) % (64 // BLOCK_N)) * BLOCK_N  # this program's output channels
+        pid = gl.program_id(0) // (64 // BLOCK_N)
         tx = pid % TILES_W
         t = pid // TILES_W
         img = t // TILES_H
         y0 = (t % TILES_H) * TH
         x0 = tx * 64
 
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         x_smem = gl.allocate_shared_memory(gl.float16, [3, 1, 4, 64, 64], x_desc.layout)  # rows y0-1 .. y0+2
-        w_smem = gl.allocate_shared_memory(gl.float16, [9, 64, 64], w_desc.layout)
-        o_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, 64], y_desc.layout)
+        w_smem = gl.allocate_shared_memory(gl.float16, [9, 64, BLOCK_N], w_desc.layout)
+        o_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, BLOCK_N], y_desc.layout)
         if HAS_RES:
-            r_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, 64], r_desc.layout)
+            r_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, BLOCK_N], r_desc.layout)
         else:
             r_smem = o_smem  # never read
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -113,10 +121,10 @@ if gluon is not None:
         mbarrier.init(x_bar, count=1)
 
         # Weights and bias first: the previous kernel does not write them, so they load while it drains.
-        mbarrier.expect(w_bar, 9 * 64 * 64 * 2)
+        mbarrier.expect(w_bar, 9 * 64 * BLOCK_N * 2)
         for tap in gl.static_range(9):
-            tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, mma))
+            tma.async_copy_global_to_shared(w_desc, [tap * 64, n0], w_bar, w_smem.index(tap))
+        cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
         if HAS_BIAS:
             bias = gl.load(b_ptr + cols).to(gl.float32)
         else:
@@ -125,27 +133,27 @@ if gluon is not None:
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
-        mbarrier.expect(x_bar, (3 * 4 + TH * HAS_RES) * 64 * 64 * 2)
+        mbarrier.expect(x_bar, (3 * 4 * 64 + TH * HAS_RES * BLOCK_N) * 64 * 2)
         for dx in gl.static_range(3):
             tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], x_bar, x_smem.index(dx))
         if HAS_RES:
-            tma.async_copy_global_to_shared(r_desc, [img, y0, x0, 0], x_bar, r_smem)
+            tma.async_copy_global_to_shared(r_desc, [img, y0, x0, n0], x_bar, r_smem)
 
-        acc0 = gl.zeros([64, 64], gl.float32, mma)
+        acc0 = gl.zeros([64, BLOCK_N], gl.float32, mma)
         mbarrier.wait(w_bar, 0)
         mbarrier.wait(x_bar, 0)
         acc0 = _taps(x_smem, w_smem, acc0, 0)
         if TH == 2:
-            acc1 = _taps(x_smem, w_smem, gl.zeros([64, 64], gl.float32, mma), 1)
+            acc1 = _taps(x_smem, w_smem, gl.zeros([64, BLOCK_N], gl.float32, mma), 1)
             acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, HAS_BIAS, HAS_RES, RELU)
-            _epilogue(acc1, 1, bias, r_smem, o_smem, mma, TH, HAS_BIAS, HAS_RES, RELU)
+            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
+            _epilogue(acc1, 1, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
         else:
             acc0 = warpgroup_mma_wait(0, deps=[acc0])
-            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, HAS_BIAS, HAS_RES, RELU)
+            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
         fence_async_shared()
         gl.thread_barrier()
-        tma.async_copy_shared_to_global(y_desc, [img, y0, x0, 0], o_smem)  # clipped at the image's edges
+        tma.async_copy_shared_to_global(y_desc, [img, y0, x0, n0], o_smem)  # clipped at the image's edges
         tma.store_wait(0)
         mbarrier.invalidate(w_bar)
         mbarrier.invalidate(x_bar)
@@ -156,16 +164,17 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     """x, residual, out: channels_last f16 [B, 64, H, W]; wp: conv_tc's packed weight [1, 576, 64] (rows tap * 64 +
     c_in); pdl: conv_tc.pdl_args(x)."""
     B, _, H, W = x.shape
-    th = tile_rows(B, H, W, _sm_count(x.device))
-    act = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    x_desc = _nhwc_desc(x, [1, 4, TW, C], act)
-    y_desc = _nhwc_desc(out, [1, th, TW, C], act)
-    r_desc = _nhwc_desc(residual, [1, th, TW, C], act) if residual is not None else y_desc
-    w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, C), [C, C],
-                                          gl.NVMMASharedLayout.get_default_for([C, C], gl.float16))
+    th, block_n = tile_shape(B, H, W, _sm_count(x.device))
+    x_desc = _nhwc_desc(x, [1, 4, TW, C], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4))
+    box = [1, th, TW, block_n]
+    layout = gl.NVMMASharedLayout.get_default_for(box, gl.float16)
+    y_desc = _nhwc_desc(out, box, layout)
+    r_desc = _nhwc_desc(residual, box, layout) if residual is not None else y_desc
+    w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, C), [C, block_n],
+                                          gl.NVMMASharedLayout.get_default_for([C, block_n], gl.float16))
     tiles_h, tiles_w = -(-H // th), -(-W // TW)
-    _tile_conv_kernel[(B * tiles_h * tiles_w,)](
+    _tile_conv_kernel[(B * tiles_h * tiles_w * (C // block_n),)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, tiles_h, tiles_w,
-        HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th,
+        HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th, BLOCK_N=block_n,
         num_warps=4, **(pdl or {"PDL": False}),
     )

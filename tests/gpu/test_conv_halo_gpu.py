@@ -149,12 +149,13 @@ def test_small_tile_epilogues(bias, residual, relu, tile_launches):
     _assert_close(y, args)
 
 
-@pytest.mark.parametrize("B,H,W", [(1, 32, 32), (1, 64, 64), (1, 128, 128), (3, 7, 20), (2, 9, 16), (1, 1, 64),
-                                   (1, 33, 97), (4, 5, 33), (3, 45, 100)])
-def test_small_tile_shapes(B, H, W, tile_launches):
-    """One-row tiles, and two-row tiles where one-row ones would exceed a wave (128^2, and 3 x 45 x 100 with a
-    half-filled last tile row); narrow images and partial tiles at the right edge."""
-    assert conv_tile.tile_rows(B, H, W, 132) == (2 if (B, H, W) in ((1, 128, 128), (3, 45, 100)) else 1)
+@pytest.mark.parametrize("B,H,W,tile", [(1, 32, 32, (1, 32)), (1, 64, 64, (1, 32)), (1, 100, 64, (1, 64)),
+                                        (1, 128, 128, (2, 64)), (3, 7, 20, (1, 32)), (2, 9, 16, (1, 32)),
+                                        (1, 1, 64, (1, 32)), (1, 33, 97, (1, 32)), (3, 45, 100, (2, 64))])
+def test_small_tile_shapes(B, H, W, tile, tile_launches):
+    """Each tile shape (rows x channels per program: 1 x 32, 1 x 64, 2 x 64), a half-filled last tile row
+    (3 x 45 x 100), narrow images and partial tiles at the right edge."""
+    assert conv_tile.tile_shape(B, H, W, 132) == tile
     gen = torch.Generator(device="cuda").manual_seed(B * 1000 + H * 10 + W)
     x, w, b, r = _make(B, H, W, True, True, gen)
     args = (x, w, b, r, 1, True, 1, False)
