@@ -37,7 +37,7 @@ EDITS = {
                                                 "        if True:  # every MMA")],
     },
     conv_tile: {
-        "one dx box": [("(3 * 4 + TH * HAS_RES)", "(4 + TH * HAS_RES)"),
+        "one dx box": [("(3 * 4 * 64 + TH * HAS_RES * BLOCK_N)", "(4 * 64 + TH * HAS_RES * BLOCK_N)"),
                        ("        for dx in gl.static_range(3):\n            tma.async_copy_global_to_shared(x_desc",
                         "        for dx in gl.static_range(1, 2):\n            tma.async_copy_global_to_shared(x_desc")],
         "no weight load": [("            tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))",

@@ -186,9 +186,10 @@ def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
 
 
 def test_latency_kernel_tiles_fill_one_wave():
-    """Half the channels per program where twice the programs fit one wave, two rows where one-row tiles do not."""
+    """Half the channels per program while the programs fill at most half the SMs, two rows where one-row tiles
+    would need a second wave."""
     assert conv_tile.tile_shape(1, 32, 32, 132) == (1, 32)  # 32 one-row tiles: 64 programs
-    assert conv_tile.tile_shape(1, 100, 64, 132) == (1, 64)
+    assert conv_tile.tile_shape(1, 64, 64, 132) == (1, 64)
     assert conv_tile.tile_shape(1, 128, 128, 132) == (2, 64)  # 256 one-row tiles: 128 two-row ones
 
 

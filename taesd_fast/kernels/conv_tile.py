@@ -14,9 +14,9 @@ wait, one round of TMA loads brings the input rows y0-1 .. y0+2 as three boxes s
 (TMA zero-fills outside the image: the conv's padding), and the residual rows. Output row r's tap (dy, dx) is the
 64-pixel slice at row r + dy of box dx. The 9 (or 18) wgmmas run back to back from shared memory (one warpgroup,
 one accumulator per output row); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
-store (clipped at the image's edges). Where twice the one-row tiles still fit one wave (32^2 and 64^2 at B=1), each
-program computes half the output channels (its MMA chain halves); where one-row tiles would need more than one wave,
-two-row tiles (128^2 at B=1: 128 programs instead of 256).
+store (clipped at the image's edges). Small grids (32^2 at B=1) split the output channels over two programs; where
+one-row tiles would need more than one wave, two-row tiles (128^2 at B=1: 128 programs instead of 256); see
+tile_shape.
 
 Predicted (written before it ran; H200): a conv's post-wait critical path = one TMA round trip (~0.6 us) + 9 wgmmas
 (0.6 us) + epilogue and store (~0.4 us), plus the ~0.8 us launch link: ~2.4 us at 32^2 and 64^2 (from 4.4-4.6); the
@@ -25,7 +25,7 @@ with one box per tap and 64-pixel tiles only): 2.65 / 2.86 us per conv in a chai
 3.21 / 3.36), but 6.80 at 128^2 (5.58: two waves); the decode 0.2235 -> 0.1997 ms. Two-row tiles at 128^2 (1.2 us of
 MMA, one wave): predicted ~4 us there; measured (run W3) 4.58 / 5.05 us without / with the residual (pointer kernel
 5.58 / 5.89), the decode 0.1704 ms. Probe (scripts/conv_probe.py, run W4): at 32^2 the MMAs take 0.87 us of 2.75;
-half the channels per program predicted -0.3 to -0.4 us per conv at 32^2 and 64^2.
+half the channels per program predicted -0.3 to -0.4 us per conv at 32^2 and 64^2, measured -0.2 and +0.4 (run W5).
 
 Covers C_in = C_out = 64, stride 1, no upsample or pre_clamp, sm_90 with Gluon, 16-byte aligned tensors. conv_tc does
 the checks, the weight packing (rows tap * 64 + c_in, tap = 3 * dy + dx) and the epilogue semantics.
@@ -62,11 +62,12 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
 
 
 def tile_shape(B: int, H: int, W: int, sms: int) -> tuple[int, int]:
-    """(output rows, output channels) per program: one-row tiles with half the channels where twice the programs
-    still fit one wave (32^2 and 64^2 at B=1: each program's MMA chain halves), all 64 channels where only one-row
-    tiles fit, else two-row tiles (128^2 at B=1)."""
+    """(output rows, output channels) per program. Half the channels (each program's MMA chain halves) while the
+    programs still fill at most half the SMs: 32^2 at B=1, 2.69 -> 2.49 us per conv; at 64^2 (128 programs) it cost
+    2.68 -> 3.07 (runs W3, W5: each program loads all the input boxes, and the next kernel finds no free SMs to start
+    on early). One-row tiles with all channels while they fit one wave, else two-row tiles (128^2 at B=1)."""
     one_row_tiles = B * H * -(-W // TW)
-    if 2 * one_row_tiles <= sms:
+    if 4 * one_row_tiles <= sms:
         return 1, 32
     return (1, 64) if one_row_tiles <= sms else (2, 64)
 

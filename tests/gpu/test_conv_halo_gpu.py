@@ -140,18 +140,19 @@ SMALL = tc.TCConfig(64, 4, 3, small_tile=True)
 
 
 @pytest.mark.parametrize("bias,residual,relu", list(itertools.product([False, True], repeat=3)))
-def test_small_tile_epilogues(bias, residual, relu, tile_launches):
-    gen = torch.Generator(device="cuda").manual_seed(100 + int(bias) + 2 * residual + 4 * relu)
-    x, w, b, r = _make(2, 17, 40, bias, residual, gen)  # 64-column tiles over 40 columns: zero fill, clipped stores
+@pytest.mark.parametrize("B,H", [(2, 17), (1, 9)])  # all 64 channels per program; half (a small grid)
+def test_small_tile_epilogues(bias, residual, relu, B, H, tile_launches):
+    gen = torch.Generator(device="cuda").manual_seed(100 * H + int(bias) + 2 * residual + 4 * relu)
+    x, w, b, r = _make(B, H, 40, bias, residual, gen)  # 64-column tiles over 40 columns: zero fill, clipped stores
     args = (x, w, b, r, 1, relu, 1, False)
     y = tc.conv3x3_tc_launch(*args, config=SMALL)
     assert tile_launches, "the tile kernel did not run"
     _assert_close(y, args)
 
 
-@pytest.mark.parametrize("B,H,W,tile", [(1, 32, 32, (1, 32)), (1, 64, 64, (1, 32)), (1, 100, 64, (1, 64)),
-                                        (1, 128, 128, (2, 64)), (3, 7, 20, (1, 32)), (2, 9, 16, (1, 32)),
-                                        (1, 1, 64, (1, 32)), (1, 33, 97, (1, 32)), (3, 45, 100, (2, 64))])
+@pytest.mark.parametrize("B,H,W,tile", [(1, 32, 32, (1, 32)), (1, 64, 64, (1, 64)), (1, 128, 128, (2, 64)),
+                                        (3, 7, 20, (1, 32)), (2, 9, 16, (1, 32)), (1, 1, 64, (1, 32)),
+                                        (1, 33, 97, (1, 64)), (4, 5, 33, (1, 32)), (3, 45, 100, (2, 64))])
 def test_small_tile_shapes(B, H, W, tile, tile_launches):
     """Each tile shape (rows x channels per program: 1 x 32, 1 x 64, 2 x 64), a half-filled last tile row
     (3 x 45 x 100), narrow images and partial tiles at the right edge."""
