@@ -37,15 +37,15 @@ EDITS = {
                                                 "        if True:  # every MMA")],
     },
     conv_tile: {
-        "one dx box": [("(3 * 4 * 64 + TH * HAS_RES * BLOCK_N)", "(4 * 64 + TH * HAS_RES * BLOCK_N)"),
-                       ("        for dx in gl.static_range(3):\n            tma.async_copy_global_to_shared(x_desc",
-                        "        for dx in gl.static_range(1, 2):\n            tma.async_copy_global_to_shared(x_desc")],
-        "no weight load": [("            tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))",
+        "one dx box": [("            mbarrier.expect(bars.index(1 + dx), 4 * 64 * 64 * 2)",
+                        "            mbarrier.expect(bars.index(1 + dx), 4 * 64 * 64 * 2 * (dx == 1))"),
+                       ("            tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], bars.index(1 + dx),",
+                        "            if dx == 1:\n                tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], bars.index(1 + dx),")],
+        "no weight load": [("            tma.async_copy_global_to_shared(w_desc, [tap * 64, n0], w_bar, w_smem.index(tap))",
                             "            pass"),
                            ("        mbarrier.wait(w_bar, 0)\n", "")],
-        "no MMA": [("        acc0 = _taps(x_smem, w_smem, acc0, 0)\n", ""),
-                   ("            acc1 = _taps(x_smem, w_smem, gl.zeros([64, 64], gl.float32, mma), 1)",
-                    "            acc1 = gl.zeros([64, 64], gl.float32, mma)")],
+        "no MMA": [("            acc0 = _taps(x_smem, w_smem, acc0, 0, dx)\n", ""),
+                   ("                acc1 = _taps(x_smem, w_smem, acc1, 1, dx)\n", "                pass\n")],
     },
 }
 KERNEL_NAME = {conv_halo: "_halo_conv_kernel", conv_tile: "_tile_conv_kernel"}

@@ -11,7 +11,8 @@ How: one program computes 1 or 2 rows of 64 output pixels of one image (narrower
 to TMA's zero fill and clipped stores). The 9 weight taps (72 KB) are loaded into shared memory by TMA *before*
 griddepcontrol.wait: weights are not written by the previous kernel, so their load overlaps its drain. After the
 wait, one round of TMA loads brings the input rows y0-1 .. y0+2 as three boxes shifted by dx = -1, 0, +1 columns
-(TMA zero-fills outside the image: the conv's padding), and the residual rows. Output row r's tap (dy, dx) is the
+(TMA zero-fills outside the image: the conv's padding), and the residual rows; each box has its own barrier, so the
+MMAs of the first box to land start while the others are in flight. Output row r's tap (dy, dx) is the
 64-pixel slice at row r + dy of box dx. The 9 (or 18) wgmmas run back to back from shared memory (one warpgroup,
 one accumulator per output row); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
 store (clipped at the image's edges). Small grids (32^2 at B=1) split the output channels over two programs; where
@@ -75,13 +76,12 @@ def tile_shape(B: int, H: int, W: int, sms: int) -> tuple[int, int]:
 if gluon is not None:
 
     @gluon.jit
-    def _taps(x_smem, w_smem, acc, row: gl.constexpr):
-        # Output row `row` of the tile: tap (dy, dx) reads input row row + dy of box dx, a 64-row slice at a multiple
-        # of 64 (Gluon's shared-memory views need the offset to be a multiple of the slice's length).
+    def _taps(x_smem, w_smem, acc, row: gl.constexpr, dx: gl.constexpr):
+        # Output row `row`, the three taps of box dx: tap (dy, dx) reads input row row + dy of the box, a 64-row slice
+        # at a multiple of 64 (Gluon's shared-memory views need the offset to be a multiple of the slice's length).
         for dy in gl.static_range(3):
-            for dx in gl.static_range(3):
-                a = x_smem.index(dx).reshape([256, 64]).slice((row + dy) * 64, 64)
-                acc = warpgroup_mma(a, w_smem.index(3 * dy + dx), acc, is_async=True)
+            a = x_smem.index(dx).reshape([256, 64]).slice((row + dy) * 64, 64)
+            acc = warpgroup_mma(a, w_smem.index(3 * dy + dx), acc, is_async=True)
         return acc
 
     @gluon.jit
@@ -115,11 +115,13 @@ if gluon is not None:
             r_smem = gl.allocate_shared_memory(gl.float16, [1, TH, 64, BLOCK_N], r_desc.layout)
         else:
             r_smem = o_smem  # never read
-        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        # One barrier each for the weights, the three input boxes (MMAs start on the first box to land) and the
+        # residual (needed only by the epilogue).
+        bars = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(5):
+            mbarrier.init(bars.index(i), count=1)
         w_bar = bars.index(0)
-        x_bar = bars.index(1)
-        mbarrier.init(w_bar, count=1)
-        mbarrier.init(x_bar, count=1)
+        r_bar = bars.index(4)
 
         # Weights and bias first: the previous kernel does not write them, so they load while it drains.
         mbarrier.expect(w_bar, 9 * 64 * BLOCK_N * 2)
@@ -134,18 +136,26 @@ if gluon is not None:
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
-        mbarrier.expect(x_bar, (3 * 4 * 64 + TH * HAS_RES * BLOCK_N) * 64 * 2)
         for dx in gl.static_range(3):
-            tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], x_bar, x_smem.index(dx))
+            mbarrier.expect(bars.index(1 + dx), 4 * 64 * 64 * 2)
+            tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], bars.index(1 + dx),
+                                            x_smem.index(dx))
         if HAS_RES:
-            tma.async_copy_global_to_shared(r_desc, [img, y0, x0, n0], x_bar, r_smem)
+            mbarrier.expect(r_bar, TH * 64 * BLOCK_N * 2)
+            tma.async_copy_global_to_shared(r_desc, [img, y0, x0, n0], r_bar, r_smem)
 
         acc0 = gl.zeros([64, BLOCK_N], gl.float32, mma)
-        mbarrier.wait(w_bar, 0)
-        mbarrier.wait(x_bar, 0)
-        acc0 = _taps(x_smem, w_smem, acc0, 0)
         if TH == 2:
-            acc1 = _taps(x_smem, w_smem, gl.zeros([64, BLOCK_N], gl.float32, mma), 1)
+            acc1 = gl.zeros([64, BLOCK_N], gl.float32, mma)
+        mbarrier.wait(w_bar, 0)
+        for dx in gl.static_range(3):
+            mbarrier.wait(bars.index(1 + dx), 0)
+            acc0 = _taps(x_smem, w_smem, acc0, 0, dx)
+            if TH == 2:
+                acc1 = _taps(x_smem, w_smem, acc1, 1, dx)
+        if HAS_RES:
+            mbarrier.wait(r_bar, 0)
+        if TH == 2:
             acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
             _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
             _epilogue(acc1, 1, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
@@ -156,8 +166,8 @@ if gluon is not None:
         gl.thread_barrier()
         tma.async_copy_shared_to_global(y_desc, [img, y0, x0, n0], o_smem)  # clipped at the image's edges
         tma.store_wait(0)
-        mbarrier.invalidate(w_bar)
-        mbarrier.invalidate(x_bar)
+        for i in gl.static_range(5):
+            mbarrier.invalidate(bars.index(i))
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
