@@ -1,7 +1,7 @@
 """Launch the Triton and Gluon kernels (tensor-core conv incl. its TMA, row-streaming and small-tile variants, fused head with its
 Triton and Hopper g kernels, norm+SiLU window)
 on small odd shapes with every optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error
-vs each PyTorch twin. `--head-only`: just the head kernels."""
+vs each PyTorch twin. `--head-only`: just the head kernels; `--conv-only`: just the convs."""
 import sys
 
 import torch
@@ -15,7 +15,8 @@ rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  #
 CONV_CASES = [] if "--head-only" in sys.argv else [
     (64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False), (64, 64, 9, 11, 1, 2, False),
     (3, 64, 17, 9, 1, 1, False), (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False),
-    (64, 64, 7, 70, 1, 1, False), (64, 3, 5, 130, 1, 1, False), (64, 64, 9, 20, 1, 1, False)]
+    (64, 64, 7, 70, 1, 1, False), (64, 3, 5, 130, 1, 1, False), (64, 64, 9, 20, 1, 1, False),
+    (64, 64, 70, 70, 1, 1, False)]  # the last two: the small-tile kernel with half the channels, with two-row tiles
 for cin, cout, H, W, stride, up, clamp in CONV_CASES:
     for optional in (True, False):
         x = rnd(2, cin, H, W).half().contiguous(memory_format=torch.channels_last)
@@ -40,8 +41,9 @@ for cin, cout, H, W, stride, up, clamp in CONV_CASES:
                   f"rel err {rel(y, ref):.2e}")
 # (T, cache, H, W): odd sizes take the Triton head kernel; H*W multiples of 8 the Gluon one on sm_90 (64x136: more
 # 64-pixel tiles than SMs, so programs walk two tiles and the TMA ring wraps across them).
-for t, with_cache, h, w_ in ((1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40), (4, True, 64, 136),
-                             (2, True, 12, 20)):
+HEAD_CASES = [] if "--conv-only" in sys.argv else [(1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40),
+                                                   (4, True, 64, 136), (2, True, 12, 20)]
+for t, with_cache, h, w_ in HEAD_CASES:
     c = 256
     x = rnd(1, c, t, h, w_).bfloat16()
     cache = torch.nn.functional.silu(rnd(1, c, 2, h, w_)).bfloat16() if with_cache else None
