@@ -18,6 +18,9 @@ Predicted (written before it ran; H200): MMA-bound at N=64, 70-80% of the 689 TF
 0.55-0.65 ms (from 0.83-0.87 with conv_tc_tma). Measured (BENCHMARKS.md, runs K and L): 0.60 ms with the residual,
 0.52 without (516-590 TFLOP/s); 64->3 0.20 ms (from 0.57); the whole decode 256^2 B=64 6.23 -> 4.48 ms.
 
+A run's first two and last steps skip the MMAs whose rows lie outside the run (the halo rows above it, the rows past
+its end): a third of the MMAs at 4 rows per program (B=1 at 256^2), 16.3 -> 14.8 us per conv (run W5).
+
 Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
 stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. conv_tc does the checks, the weight packing
 (rows tap * 64 + c_in) and the epilogue semantics. With programmatic dependent launch (conv_tc.pdl_args) the weights

@@ -21,12 +21,9 @@ tile_shape.
 
 Predicted (written before it ran; H200): a conv's post-wait critical path = one TMA round trip (~0.6 us) + 9 wgmmas
 (0.6 us) + epilogue and store (~0.4 us), plus the ~0.8 us launch link: ~2.4 us at 32^2 and 64^2 (from 4.4-4.6); the
-27 Block convs of a 256^2 B=1 decode ~55 us less: 0.216 -> ~0.16 ms. Measured (BENCHMARKS.md, run W2, the first form
-with one box per tap and 64-pixel tiles only): 2.65 / 2.86 us per conv in a chain at 32^2 / 64^2 (pointer kernel
-3.21 / 3.36), but 6.80 at 128^2 (5.58: two waves); the decode 0.2235 -> 0.1997 ms. Two-row tiles at 128^2 (1.2 us of
-MMA, one wave): predicted ~4 us there; measured (run W3) 4.58 / 5.05 us without / with the residual (pointer kernel
-5.58 / 5.89), the decode 0.1704 ms. Probe (scripts/conv_probe.py, run W4): at 32^2 the MMAs take 0.87 us of 2.75;
-half the channels per program predicted -0.3 to -0.4 us per conv at 32^2 and 64^2, measured -0.2 and +0.4 (run W5).
+27 Block convs of a 256^2 B=1 decode ~55 us less: 0.216 -> ~0.16 ms. Measured (BENCHMARKS.md, runs W2-W6; us per
+conv in a chain of 20 launches, pointer kernel in brackets): 32^2 2.18-2.28 (3.21-3.38), 64^2 2.49 (3.36), 128^2
+4.44-4.56 (5.58-5.89); the decode 0.2176 -> 0.1609 ms.
 
 Covers C_in = C_out = 64, stride 1, no upsample or pre_clamp, sm_90 with Gluon, 16-byte aligned tensors. conv_tc does
 the checks, the weight packing (rows tap * 64 + c_in, tap = 3 * dy + dx) and the epilogue semantics.
