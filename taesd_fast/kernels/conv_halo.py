@@ -59,6 +59,11 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
         return "stride 2, the upsample fold or pre_clamp (the row-streaming kernel does plain stride-1 convs)"
     if W < 64:
         return f"W={W} (< 64: strips of 64 columns would be mostly padding)"
+    return device_reason(x)
+
+
+def device_reason(x: Tensor) -> str | None:
+    """Why the Gluon convs (this one and conv_tile) cannot run on x's device and address, or None."""
     if not x.is_cuda or _capability(x.device) != 9:
         return "needs an sm_90 GPU (wgmma)"
     if x.data_ptr() % 16:

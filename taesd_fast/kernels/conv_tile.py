@@ -35,8 +35,7 @@ from torch import Tensor
 
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
 from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from .conv_halo import _nhwc_desc, _sm_count
-from .conv_tc import _capability
+from .conv_halo import _nhwc_desc, _sm_count, device_reason
 
 C = 64  # channels in and out
 TW = 64  # tile width in pixels: one wgmma's M (narrower images leave columns to TMA's zero fill and clipped stores)
@@ -52,11 +51,7 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
         return "stride 2, the upsample fold or pre_clamp (the tile kernel does plain stride-1 convs)"
     if x.shape[3] < 16:
         return f"W={x.shape[3]} (< 16: 64-pixel tile rows would be mostly padding)"
-    if not x.is_cuda or _capability(x.device) != 9:
-        return "needs an sm_90 GPU (wgmma)"
-    if x.data_ptr() % 16:
-        return "x is not 16-byte aligned (TMA)"
-    return None
+    return device_reason(x)
 
 
 def tile_shape(B: int, H: int, W: int, sms: int) -> tuple[int, int]:
