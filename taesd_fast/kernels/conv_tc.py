@@ -263,8 +263,9 @@ class TCConfig:
     halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns (64 where W <= 64),
     where it applies (64->64 or 64->3, stride 1, no upsample or pre_clamp, W >= 64, sm_90); elsewhere the TMA or
     pointer kernel as above.
-    small_tile: the latency kernel (conv_tile: 64-pixel tiles, weights loaded before the PDL wait, all 9 input boxes
-    in one round) where it applies (64->64, stride 1, no upsample or pre_clamp, sm_90); elsewhere as above."""
+    small_tile: the latency kernel (conv_tile: rows of 64 output pixels, weights loaded before the PDL wait, the
+    three shifted input boxes in one round) where it applies (64->64, stride 1, no upsample or pre_clamp, sm_90);
+    elsewhere as above."""
 
     block_m: int = 128
     num_warps: int = 4
