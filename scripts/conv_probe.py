@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from taesd_fast.kernels import conv_halo, conv_tile  # noqa: E402
 from taesd_fast.kernels import conv_tc as tc  # noqa: E402
-from taesd_fast.timing import graphed, time_ms  # noqa: E402
+from taesd_fast.timing import chain_us  # noqa: E402
 
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels"
 CHAIN = 20
@@ -92,13 +92,10 @@ def main() -> None:
         row = []
         for name, edits in [("baseline", [])] + list(EDITS[module].items()):
             setattr(module, KERNEL_NAME[module], variant(module, name, edits) if edits else original)
-
-            def chain():
-                for _ in range(CHAIN):
-                    tc.conv3x3_tc_launch(x, w, b, r, 1, True, config=cfg, out=y)
-
             try:
-                row.append(f"{name} {time_ms(graphed(chain)) * 1e3 / CHAIN:.2f}")
+                launch = lambda _, cfg=cfg: tc.conv3x3_tc_launch(x, w, b, r, 1, True, config=cfg, out=y)  # noqa: E731
+                us = chain_us(launch, CHAIN)
+                row.append(f"{name} {us:.2f}")
             except Exception as e:  # noqa: BLE001  a variant that does not build is reported, not fatal
                 row.append(f"{name} failed ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
         setattr(module, KERNEL_NAME[module], original)

@@ -22,7 +22,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from taesd_fast.timing import graphed, time_ms
+from taesd_fast.timing import chain_us
 
 CHAIN = 35
 
@@ -53,14 +53,13 @@ def main() -> None:
             for pdl in (False, True):
                 extra = {"launch_pdl": True} if pdl else {}
 
-                def chain(grid=grid, pdl=pdl, extra=extra, kind=kind):
-                    for i in range(CHAIN):
-                        if kind == "empty":
-                            _empty[(grid,)](bufs[0], PDL=pdl, **extra)
-                        else:
-                            _touch[(grid,)](bufs[i % 2], bufs[1 - i % 2], PDL=pdl, **extra)
+                def launch(i, grid=grid, pdl=pdl, extra=extra, kind=kind):
+                    if kind == "empty":
+                        _empty[(grid,)](bufs[0], PDL=pdl, **extra)
+                    else:
+                        _touch[(grid,)](bufs[i % 2], bufs[1 - i % 2], PDL=pdl, **extra)
 
-                row.append(time_ms(graphed(chain)) * 1e3 / CHAIN)
+                row.append(chain_us(launch, CHAIN))
             print(f"{kind:6s} grid {grid:4d}: {row[0]:5.2f} us without PDL, {row[1]:5.2f} with", flush=True)
 
 

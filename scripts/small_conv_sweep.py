@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Launch configs for the small convs of a B=1 decode, timed the way the decode runs them: 20 launches of the same
-conv back to back in one CUDA graph (programmatic dependent launch on), ms per launch. A single-kernel graph replay
+conv back to back in one CUDA graph (programmatic dependent launch on), us per launch. A single-kernel graph replay
 (bench_conv_tc.py) adds the replay's own start-up to every number, which hides what a config changes at 5 µs.
 
     python3 scripts/small_conv_sweep.py [shape filter,...]
@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from taesd_fast.kernels import conv_tc as tc
-from taesd_fast.timing import graphed, time_ms
+from taesd_fast.timing import chain_us
 
 CHAIN = 20
 P = lambda m, w, s, k=0: tc.TCConfig(m, w, s, block_k=k)
@@ -51,7 +51,7 @@ def rel(a, ref):
 def main() -> None:
     wanted = sys.argv[1].split(",") if len(sys.argv) > 1 else None
     cl = torch.channels_last
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; ms per launch in a chain of {CHAIN}")
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; us per launch in a chain of {CHAIN}")
     for name, cin, cout, H, W, up, res, relu, clamp in SHAPES:
         if wanted and not any(w in name for w in wanted):
             continue
@@ -76,12 +76,7 @@ def main() -> None:
                 tc.POISON_OUTPUT = False
                 err = rel(y, ref)
                 ok = "ok" if not y.isnan().any() and err <= 2 * torch_err else "BAD"
-
-                def chain(cfg=cfg):
-                    for _ in range(CHAIN):
-                        tc.conv3x3_tc_launch(*args, config=cfg, out=y)
-
-                us = time_ms(graphed(chain)) / CHAIN * 1e3
+                us = chain_us(lambda _, cfg=cfg: tc.conv3x3_tc_launch(*args, config=cfg, out=y), CHAIN)
                 print(f"  {cfg!s:24s} {us:7.2f} us  err {err:.2e} {ok}", flush=True)
             except Exception as e:  # noqa: BLE001 - a config that cannot run (shared memory) is reported, not fatal
                 tc.POISON_OUTPUT = False

@@ -34,3 +34,15 @@ def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
 def graphed(fn):
     """fn() captured in a CUDA graph; returns its replay (see taesd_fast.graphs.capture)."""
     return capture(fn)[0]
+
+
+def chain_us(launch, n: int) -> float:
+    """Microseconds per call of launch(i), i = 0..n-1, captured back to back in one CUDA graph: what a kernel costs
+    inside a chain of dependent launches, as each layer of a replayed B=1 decode does (a single-kernel replay would
+    add the replay's own start-up to every number)."""
+
+    def chain():
+        for i in range(n):
+            launch(i)
+
+    return time_ms(graphed(chain)) * 1e3 / n
