@@ -11,7 +11,6 @@ moves from L2 into shared memory, not by the tensor cores.
 
 from __future__ import annotations
 
-import importlib
 import pathlib
 import re
 import sys
@@ -24,7 +23,8 @@ from taesd_fast.kernels import conv_halo, conv_tile  # noqa: E402
 from taesd_fast.kernels import conv_tc as tc  # noqa: E402
 from taesd_fast.timing import chain_us  # noqa: E402
 
-KERNELS = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels"
+from kernel_variants import load_variant  # noqa: E402  (beside this script)
+
 CHAIN = 20
 NO_MMA = (re.compile(r"^( *)acc_\w+(, acc_\w+)* = warpgroup_mma(_wait)?\(.*$", re.M), r"\1pass")  # each MMA and wait
 EDITS = {
@@ -61,21 +61,6 @@ SHAPES = [
 ]
 
 
-def variant(module, name: str, edits):
-    """The module's source with edits applied: (old, new) strings, or (compiled regex, replacement)."""
-    src = pathlib.Path(module.__file__).read_text()
-    for old, new in edits:
-        if isinstance(old, str):
-            assert old in src, (name, old[:70])
-            src = src.replace(old, new)
-        else:
-            src, count = old.subn(new, src)
-            assert count, (name, old.pattern)
-    mod_name = "_probe_" + "".join(ch if ch.isalnum() else "_" for ch in f"{module.__name__[-4:]}_{name}")
-    (KERNELS / f"{mod_name}.py").write_text(src)
-    return getattr(importlib.import_module(f"taesd_fast.kernels.{mod_name}"), KERNEL_NAME[module])
-
-
 def main() -> None:
     wanted = sys.argv[1].split(",") if len(sys.argv) > 1 else None
     cl = torch.channels_last
@@ -91,7 +76,8 @@ def main() -> None:
         original = getattr(module, KERNEL_NAME[module])
         row = []
         for name, edits in [("baseline", [])] + list(EDITS[module].items()):
-            setattr(module, KERNEL_NAME[module], variant(module, name, edits) if edits else original)
+            kernel = getattr(load_variant(module, name, edits), KERNEL_NAME[module]) if edits else original
+            setattr(module, KERNEL_NAME[module], kernel)
             try:
                 launch = lambda _, cfg=cfg: tc.conv3x3_tc_launch(x, w, b, r, 1, True, config=cfg, out=y)  # noqa: E731
                 us = chain_us(launch, CHAIN)

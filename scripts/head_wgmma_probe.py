@@ -5,17 +5,16 @@ the variants compute wrong g. Run: python3 scripts/head_wgmma_probe.py
 
 from __future__ import annotations
 
-import importlib
-import pathlib
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from kernel_variants import load_variant  # beside this script
 from taesd_fast.kernels import head_fused as hf
+from taesd_fast.kernels import head_wgmma
 from taesd_fast.timing import graphed, time_ms
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / "head_wgmma.py"
 MMA = """            if s >= 2:
                 acc_p = _mma(a, w_smem, 2 * KC + kc, acc_p, WIDE)
             if (s >= 1) & (s <= T):
@@ -43,17 +42,6 @@ VARIANTS = {
     "no 16-column MMAs, no norm/SiLU": [(NARROW, "            out = acc"), (NORM, NO_NORM)],
 }
 
-def load_variant(name: str, edits) -> object:
-    src = SRC.read_text()
-    for old, new in edits:
-        assert old in src, (name, old[:60])
-        src = src.replace(old, new)
-    mod_name = "_probe_" + "".join(ch if ch.isalnum() else "_" for ch in name)
-    path = SRC.parent / f"{mod_name}.py"
-    path.write_text(src)
-    return importlib.import_module(f"taesd_fast.kernels.{mod_name}")
-
-
 def main() -> None:
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     b, c, t, h, w = 1, 256, int(sys.argv[1]) if len(sys.argv) > 1 else 4, 352, 640
@@ -80,7 +68,7 @@ def main() -> None:
         if only and not any(o in name for o in only):
             continue
         try:
-            mod = load_variant(name, edits)
+            mod = load_variant(head_wgmma, name, edits)
             ms = time_ms(graphed(lambda mod=mod: mod.launch(feat, cache, gs, wt, g, nc, 1e-12)))
             print(f"{name:34s} {ms:8.4f} ms   g err vs fp32 {g_err(g):.3e}", flush=True)
         except Exception as err:  # noqa: BLE001  a diagnostic: report and go on
