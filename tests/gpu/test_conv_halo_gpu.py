@@ -75,19 +75,22 @@ def _assert_close(y, args):
     assert err <= 2 * torch_err + 1e-7, f"rel err {err:.3g} > 2 x cuDNN f16 error {torch_err:.3g}"
 
 
-def _check(B, H, W, bias, residual, relu, halo_w, seed, launches, cout=64):
+HALO = lambda halo_w: tc.TCConfig(128, 4, 3, tile_w=16, halo_w=halo_w)  # noqa: E731  (TMA where it cannot run)
+
+def _check(B, H, W, bias, residual, relu, config, seed, launches, cout=64):
+    """One launch with config on fresh inputs: the kernel under test ran (launches) and is within the bound."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x, w, b, r = _make(B, H, W, bias, residual, gen, cout)
     args = (x, w, b, r, 1, relu, 1, False)
-    y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(128, 4, 3, tile_w=16, halo_w=halo_w))
-    assert launches, "the row-streaming kernel did not run"
+    y = tc.conv3x3_tc_launch(*args, config=config)
+    assert launches, "the kernel under test did not run"
     _assert_close(y, args)
 
 
 @pytest.mark.parametrize("bias,residual,relu", list(itertools.product([False, True], repeat=3)))
 @pytest.mark.parametrize("halo_w", [64, 128])
 def test_epilogues(bias, residual, relu, halo_w, launches):
-    _check(2, 21, 150, bias, residual, relu, halo_w, seed=int(bias) + 2 * residual + 4 * relu, launches=launches)
+    _check(2, 21, 150, bias, residual, relu, HALO(halo_w), seed=int(bias) + 2 * residual + 4 * relu, launches=launches)
 
 
 @pytest.mark.parametrize("B,H,W,rows", [(1, 1, 64, None), (1, 2, 64, None), (3, 37, 77, 5), (2, 64, 128, 7),
@@ -96,7 +99,7 @@ def test_epilogues(bias, residual, relu, halo_w, launches):
 def test_shapes_and_row_chunks(B, H, W, rows, halo_w, launches, monkeypatch):
     if rows is not None:
         monkeypatch.setattr(conv_halo, "_rows_per_program", lambda *a: rows)
-    _check(B, H, W, True, True, True, halo_w, seed=B * 1000 + H * 10 + W, launches=launches)
+    _check(B, H, W, True, True, True, HALO(halo_w), seed=B * 1000 + H * 10 + W, launches=launches)
 
 
 @pytest.mark.parametrize("cout", [3, 16])
@@ -105,7 +108,7 @@ def test_narrow_outputs(cout, B, H, W, rows, launches, monkeypatch):
     """64->3 (the decoder's last conv): N padded to 16, masked stores instead of TMA stores."""
     if rows is not None:
         monkeypatch.setattr(conv_halo, "_rows_per_program", lambda *a: rows)
-    _check(B, H, W, True, False, cout == 16, 128, seed=cout + H, launches=launches, cout=cout)
+    _check(B, H, W, True, False, cout == 16, HALO(128), seed=cout + H, launches=launches, cout=cout)
 
 
 @pytest.mark.parametrize("W,cout,residual", [(32, 64, True), (1, 64, False), (63, 3, False), (100, 3, True)])
@@ -114,7 +117,7 @@ def test_falls_back_where_it_does_not_apply(W, cout, residual, launches):
     gen = torch.Generator(device="cuda").manual_seed(W)
     x, w, b, r = _make(2, 7, W, True, residual, gen, cout)
     args = (x, w, b, r, 1, True, 1, False)
-    y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128))
+    y = tc.conv3x3_tc_launch(*args, config=HALO(128))
     assert not launches
     _assert_close(y, args)
 
@@ -122,7 +125,7 @@ def test_falls_back_where_it_does_not_apply(W, cout, residual, launches):
 def test_graph_capture_replays_new_inputs(launches):
     gen = torch.Generator(device="cuda").manual_seed(5)
     x, w, b, r = _make(4, 32, 96, True, True, gen)
-    cfg = tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128)
+    cfg = HALO(128)
     tc.conv3x3_tc_launch(x, w, b, r, 1, True, config=cfg)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -136,18 +139,13 @@ def test_graph_capture_replays_new_inputs(launches):
 
 # --------------------------------------------------------------------------- the latency kernel (conv_tile)
 
-SMALL = tc.TCConfig(64, 4, 3, small_tile=True)
-
 
 @pytest.mark.parametrize("bias,residual,relu", list(itertools.product([False, True], repeat=3)))
 @pytest.mark.parametrize("B,H", [(2, 17), (1, 9)])  # all 64 channels per program; half (a small grid)
 def test_small_tile_epilogues(bias, residual, relu, B, H, tile_launches):
-    gen = torch.Generator(device="cuda").manual_seed(100 * H + int(bias) + 2 * residual + 4 * relu)
-    x, w, b, r = _make(B, H, 40, bias, residual, gen)  # 64-column tiles over 40 columns: zero fill, clipped stores
-    args = (x, w, b, r, 1, relu, 1, False)
-    y = tc.conv3x3_tc_launch(*args, config=SMALL)
-    assert tile_launches, "the tile kernel did not run"
-    _assert_close(y, args)
+    # 64-column tiles over 40 columns: zero fill, clipped stores
+    _check(B, H, 40, bias, residual, relu, SMALL, seed=100 * H + int(bias) + 2 * residual + 4 * relu,
+           launches=tile_launches)
 
 
 @pytest.mark.parametrize("B,H,W,tile", [(1, 32, 32, (1, 32)), (1, 64, 64, (1, 64)), (1, 128, 128, (2, 64)),
@@ -157,12 +155,7 @@ def test_small_tile_shapes(B, H, W, tile, tile_launches):
     """Each tile shape (rows x channels per program: 1 x 32, 1 x 64, 2 x 64), a half-filled last tile row
     (3 x 45 x 100), narrow images and partial tiles at the right edge."""
     assert conv_tile.tile_shape(B, H, W, 132) == tile
-    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + H * 10 + W)
-    x, w, b, r = _make(B, H, W, True, True, gen)
-    args = (x, w, b, r, 1, True, 1, False)
-    y = tc.conv3x3_tc_launch(*args, config=SMALL)
-    assert tile_launches
-    _assert_close(y, args)
+    _check(B, H, W, True, True, True, SMALL, seed=B * 1000 + H * 10 + W, launches=tile_launches)
 
 
 @pytest.mark.parametrize("W,cout,upsample", [(8, 64, 1), (32, 3, 1), (32, 64, 2)])
