@@ -137,7 +137,7 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
                   lambda: hk.head_stencil(g_pm, b32, T, 0, H, H, 0))
         row("(f) part: head_stencil alone, dense g, eager", lambda: hk.head_stencil(g_cl, b32, T, 0, H, H, 0),
             "launch-bound: Python op path")
-        del g_cl, g_pm
+        g_cl = g_pm = None  # free them before the copy row
         row("(g) copy of the conv input (floor)", lambda: x6.clone(), f"{mb:.0f} MB read + {mb:.0f} MB written")
 
         def head_split(feat, cache, gamma, weight, bias):
