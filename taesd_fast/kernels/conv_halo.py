@@ -181,19 +181,17 @@ if gluon is not None:
         if RELU:
             out = gl.maximum(out, 0.0)
         row_ok = (row >= r0) & (row < r_end)
-        if TAIL_N > 0:
-            if row_ok:
-                tma.store_wait(0)
-                gl.thread_barrier()  # the previous row's store has left o_smem
-                _tail_row(out.to(gl.float16), y_desc, o_smem, t_smem, img, row, col0, TAIL_N, BLOCK_W)
-        elif C_OUT == 64:
+        if C_OUT == 64:
             tma.store_wait(0)
             gl.thread_barrier()  # the previous row's store has left o_smem
             o_smem.reshape([BLOCK_W, 64]).store(out.to(gl.float16))
             fence_async_shared()
             gl.thread_barrier()
             if row_ok:
-                tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], o_smem)
+                if TAIL_N > 0:
+                    _tail_row(y_desc, o_smem, t_smem, img, row, col0, TAIL_N, BLOCK_W)
+                else:
+                    tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], o_smem)
         else:
             px = col0 + gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, mma))
             n = gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, mma))
@@ -202,15 +200,15 @@ if gluon is not None:
             gl.store(y_ptr + offs, out.to(gl.float16), mask=mask)
 
     @gluon.jit
-    def _tail_row(out16, y_desc, o_smem, t_smem, img, row, col0, TAIL_N: gl.constexpr, BLOCK_W: gl.constexpr):
-        # The next conv (64 -> c2, no ReLU) folded in: this output row (f16, as the next conv would read it) times
-        # its weights arranged [c_in, tap * c2 + c]: every tap's contribution of every pixel, in fp32, stored
-        # through o_smem (the same bytes at TAIL_N = 32) by TMA. The taps' shifted sum (conv_tail) needs the
-        # neighbouring rows and strips, so it runs after this grid. The caller has drained o_smem's last store.
+    def _tail_row(y_desc, o_smem, t_smem, img, row, col0, TAIL_N: gl.constexpr, BLOCK_W: gl.constexpr):
+        # The next conv (64 -> c2, no ReLU) folded in: this output row (f16 in o_smem, as the next conv would read
+        # it) times its weights arranged [c_in, tap * c2 + c]: every tap's contribution of every pixel, in fp32,
+        # stored through o_smem (the same bytes at TAIL_N = 32) by TMA. The taps' shifted sum (conv_tail) needs the
+        # neighbouring rows and strips, so it runs after this grid.
         tmma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                        instr_shape=[16, TAIL_N, 16])
-        a = gl.convert_layout(out16, gl.DotOperandLayout(operand_index=0, parent=tmma, k_width=2))
-        p = warpgroup_mma(a, t_smem, gl.zeros([BLOCK_W, TAIL_N], gl.float32, tmma))
+        p = warpgroup_mma(o_smem.reshape([BLOCK_W, 64]), t_smem, gl.zeros([BLOCK_W, TAIL_N], gl.float32, tmma))
+        gl.thread_barrier()  # every warpgroup's MMA has read o_smem
         p_smem = o_smem._reinterpret(gl.float32, [1, 1, BLOCK_W, TAIL_N], y_desc.layout)
         p_smem.reshape([BLOCK_W, TAIL_N]).store(p)
         fence_async_shared()
