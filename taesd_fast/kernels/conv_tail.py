@@ -91,7 +91,7 @@ def pack_tail(w2: Tensor) -> Tensor:
 if triton is not None:
 
     @triton.jit
-    def _tail_sum_kernel(p_ptr, b_ptr, y_ptr, H, W, n_px, C2: tl.constexpr, C2P: tl.constexpr, TAIL: tl.constexpr,
+    def _tail_sum_kernel(p_ptr, b_ptr, y_ptr, H, W, n_px, C2: tl.constexpr, TAIL: tl.constexpr,
                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # P is the previous kernel's output
             gdc_wait()
@@ -100,18 +100,20 @@ if triton is not None:
         ok = px < n_px
         xx = px % W
         yy = (px // W) % H
-        c = tl.arange(0, C2P)
-        acc = tl.zeros([BLOCK, C2P], tl.float32)
-        for tap in tl.static_range(9):  # tap (dy, dx): the neighbour's C2 columns tap * C2 + c of P
+        n = tl.arange(0, TAIL)
+        acc = tl.zeros([BLOCK, TAIL], tl.float32)
+        for tap in tl.static_range(9):
             sy = yy + tap // 3 - 1
             sx = xx + tap % 3 - 1
             inside = ok & (sy >= 0) & (sy < H) & (sx >= 0) & (sx < W)
-            src = (px + (tap // 3 - 1) * W + (tap % 3 - 1)).to(tl.int64) * TAIL + tap * C2
-            acc += tl.load(p_ptr + src[:, None] + c[None, :], mask=inside[:, None] & (c < C2)[None, :], other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + c, mask=c < C2, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + px.to(tl.int64)[:, None] * C2 + c[None, :], acc.to(tl.float16),
-                 mask=ok[:, None] & (c < C2)[None, :])
+            src = (px + (tap // 3 - 1) * W + (tap % 3 - 1)).to(tl.int64) * TAIL  # the neighbour's row of P
+            mine = (n >= tap * C2) & (n < tap * C2 + C2)  # this tap's columns
+            acc += tl.load(p_ptr + src[:, None] + n[None, :], mask=inside[:, None] & mine[None, :], other=0.0)
+        for c in tl.static_range(C2):
+            out = tl.sum(tl.where(((n % C2 == c) & (n < 9 * C2))[None, :], acc, 0.0), axis=1)
+            if HAS_BIAS:
+                out += tl.load(b_ptr + c).to(tl.float32)
+            tl.store(y_ptr + px.to(tl.int64) * C2 + c, out.to(tl.float16), mask=ok)
 
 
 def tail_sum(p: Tensor, b2: Tensor | None, out: Tensor, pdl: dict | None = None) -> None:
@@ -119,9 +121,9 @@ def tail_sum(p: Tensor, b2: Tensor | None, out: Tensor, pdl: dict | None = None)
     B, c2, H, W = out.shape
     n_px = B * H * W
     block = 128
-    _tail_sum_kernel[(-(-n_px // block),)](p, b2 if b2 is not None else p, out, H, W, n_px, C2=c2,
-                                           C2P=triton.next_power_of_2(c2), TAIL=TAIL_N, HAS_BIAS=b2 is not None,
-                                           BLOCK=block, num_warps=4, **(pdl or {"PDL": False}))
+    _tail_sum_kernel[(-(-n_px // block),)](p, b2 if b2 is not None else p, out, H, W, n_px, C2=c2, TAIL=TAIL_N,
+                                           HAS_BIAS=b2 is not None, BLOCK=block, num_warps=4,
+                                           **(pdl or {"PDL": False}))
 
 
 def launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, relu: bool, w2: Tensor,
