@@ -34,7 +34,7 @@ from . import _backend
 from .kernels import head as _split_head  # registers taesd_fast::conv_n128 / head_stencil; no CUDA
 
 __all__ = [
-    "conv2d", "conv2d_tail", "head_conv", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
+    "conv2d", "head_conv", "backend", "set_backend", "get_backend", "dispatch_table", "tune",
     "Candidate", "Spec", "CANDIDATES", "clear_cache", "graph_timing",
 ]
 
@@ -52,7 +52,7 @@ _REPS, _WARMUP = 7, 3
 class Spec:
     """Everything a decision depends on; hashable, shapes as plain ints."""
 
-    kind: str  # "conv2d" | "conv2d_tail" | "head" | "head_full"
+    kind: str  # "conv2d" | "head" | "head_full"
     device: str  # "cpu", "cuda:0", ...
     x_shape: tuple
     w_shape: tuple
@@ -64,8 +64,6 @@ class Spec:
     layout: str  # "nchw" | "channels_last" | "strided"
     upsample: int = 1  # conv2d: nearest upsample of x by this factor before the conv (kernels fold it)
     pre_clamp: bool = False  # conv2d: soft clamp 3*tanh(x/3) of x before the conv (the decoder's Clamp)
-    tail_shape: tuple = ()  # conv2d_tail: the second conv's weight shape
-    tail_bias: bool = False  # conv2d_tail: the second conv has a bias
 
     def key(self, gpu: str, graph: bool = False) -> str:
         """Timings-file key; `graph` marks timings taken as CUDA-graph replays."""
@@ -75,7 +73,6 @@ class Spec:
                 f"x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
                 f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
-                + (f"|then{shp(self.tail_shape)}{'b' if self.tail_bias else ''}" if self.tail_shape else "")
                 + ("|graph" if graph else ""))
 
 
@@ -95,8 +92,7 @@ def _layout(x: Tensor) -> str:
 @dataclass(frozen=True)
 class Candidate:
     """One implementation of a call `kind`. `supports(spec)` returns None or why not; `run` takes the
-    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp), conv2d_tail (x, w, b, stride,
-    residual, relu, w2, b2: a second 3x3 conv, no ReLU, on the first one's output), head (x, w, b), head_full
+    kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp), head (x, w, b), head_full
     (x, cache, gamma, w, b, eps) returning (out, new cache). `kernel=True` marks
     custom kernels (they also need kernels_available and are what auto mode must justify by timing).
     `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
@@ -125,15 +121,6 @@ def _torch_conv2d(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False):
     if residual is not None:
         y = y + residual
     return torch.relu(y) if relu else y
-
-
-def _torch_conv2d_tail(x, w, b, stride, residual, relu, w2, b2):
-    return _torch_conv2d(_torch_conv2d(x, w, b, stride, residual, relu), w2, b2, 1, None, False)
-
-
-def _separate_tail(x, w, b, stride, residual, relu, w2, b2):
-    """The pair as two dispatched convs (each takes its own best kernel): what a fused pair must beat."""
-    return conv2d(conv2d(x, w, b, stride=stride, residual=residual, relu=relu), w2, b2)
 
 
 def _torch_head(x, w, b):
@@ -198,24 +185,6 @@ def _tc_candidate() -> Candidate:
                      True, lambda s: tc().spec_ready(s, tma=_graph_timing), ("channels_last",), nvrtc=False)
 
 
-def _tail_candidate() -> Candidate:
-    """The Block conv with the 64->3 conv after it folded in (kernels/conv_tail.py, sm_90), imported on first use."""
-
-    def ct():
-        from .kernels import conv_tail
-
-        return conv_tail
-
-    def supports(s: Spec) -> str | None:
-        if s.stride != 1 or s.upsample != 1 or s.pre_clamp:
-            return "stride 2, upsample or clamp (the fused pair starts with a plain conv)"
-        return _cpu_reason(s) or ct().unsupported_reason(s.x_shape, s.w_shape, s.tail_shape, s.dtype, s.device,
-                                                           s.residual)
-
-    return Candidate("tail", "conv2d_tail", supports, lambda *a: ct().run(*a), True, lambda s: ct().spec_ready(s),
-                     ("channels_last",), nvrtc=False)
-
-
 def _fused_head_candidate() -> Candidate:
     """The fused head (kernels/head_fused.py: norm + SiLU + temporal GEMM in one kernel, the Gluon wgmma one on
     sm_90 (head_wgmma.py) or a Triton one elsewhere, then our NVRTC stencil), imported on first use. Reads NCDHW
@@ -253,9 +222,6 @@ CANDIDATES: list[Candidate] = [
     _f16_candidate("rb"),
     _f16_candidate("ocb4"),
     _f16_candidate("tile"),
-    # conv2d_tail: a conv and the small conv after it; the reference is the two dispatched one by one.
-    Candidate("separate", "conv2d_tail", _always, _separate_tail, kernel=False),
-    _tail_candidate(),
     Candidate("torch", "head", _always, _torch_head, kernel=False),
     Candidate("split_bf16", "head", _split_head.spec_unsupported_reason, _split_head.split_head_conv, True,
               _split_head.spec_ready, ("nchw", "channels_last")),
@@ -269,12 +235,10 @@ CANDIDATES: list[Candidate] = [
 ]
 # Forced-kernel mode with no timings: the order measured best on H200 (tensor-core conv, then the SIMT convs),
 # then the head kernels.
-_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "tail", "triton_fused", "triton_norm_split", "split_bf16")
+_DEFAULT_ORDER = ("tc", "f16_rb", "f16_ocb4", "f16_tile", "triton_fused", "triton_norm_split", "split_bf16")
 
 
 _RUN: dict[tuple, Callable[..., Tensor]] = {(c.kind, c.name): c.run for c in CANDIDATES}
-# Per kind, what runs when no kernel may (PyTorch; for conv2d_tail the two convs dispatched one by one).
-_REFERENCE: dict[str, str] = {c.kind: c.name for c in CANDIDATES if not c.kernel}
 
 
 def _by_name(kind: str, name: str) -> Candidate:
@@ -439,10 +403,6 @@ def _fresh_args(kind: str, args: tuple) -> tuple:
         fan_in = w[0].numel()
         return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu,
                 *folds)
-    if kind == "conv2d_tail":
-        x, w, b, stride, res, relu, w2, b2 = args
-        return (_fresh_like(x), _fresh_like(w, w[0].numel() ** -0.5), _fresh_like(b, 0.1), stride, _fresh_like(res),
-                relu, _fresh_like(w2, w2[0].numel() ** -0.5), _fresh_like(b2, 0.1))
     if kind == "head_full":
         x, cache, gamma, w, b, eps = args
         return (_fresh_like(x), _fresh_like(cache), _fresh_like(gamma).add_(1.0), _fresh_like(w, w[0].numel() ** -0.5),
@@ -616,22 +576,20 @@ def _can_time() -> bool:
     return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
 
 
-def _choose(key: tuple, args: tuple, layer, *more_layers) -> Callable[..., Tensor]:
+def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
     """Run function for this call. The fast path is one dict lookup on plain tuples, so torch.compile
     traces it (guarding on the dicts) and bakes in the decision made eagerly for this shape."""
     mode = _mode
     rec = _decided.get((mode, _graph_timing, key))
     if torch.compiler.is_compiling():
         # Never time or compile while tracing; nothing decided eagerly for this shape means PyTorch.
-        return _RUN[(key[0], _REFERENCE[key[0]] if rec is None else rec.choice)]
+        return _RUN[(key[0], "torch" if rec is None else rec.choice)]
     if rec is None:
         rec = _decide_eager(key, mode, args)
-    for one in (layer, *more_layers):  # every layer gets its row, also when another layer decided first
-        if one is None:
-            continue
-        recs = _records.get(one)
+    if layer is not None:  # every layer gets its row, also when another layer with this shape decided first
+        recs = _records.get(layer)
         if recs is None or recs.get(key) is not rec:
-            _records.setdefault(one, {})[key] = rec
+            _records.setdefault(layer, {})[key] = rec
     return _RUN[(key[0], rec.choice)]
 
 
@@ -639,27 +597,26 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
     spec = _spec(key)
     with _lock:
         rec = _decide(spec, mode, args)
-        ref = _REFERENCE[spec.kind]
-        if rec.choice != ref and torch.cuda.is_current_stream_capturing():
+        if rec.choice != "torch" and torch.cuda.is_current_stream_capturing():
             if not _by_name(spec.kind, rec.choice).ready(spec):  # loading a module mid-capture is unsafe
-                rec = Record(spec, ref, f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
+                rec = Record(spec, "torch", f"{rec.why}; kernel not loaded before capture", rec.ms, rec.skipped)
         if not (spec.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
             # a capture-time fallback must not stick: the next eager call decides properly
             _decided[(mode, _graph_timing, key)] = rec
         return rec
 
 
-def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, w2=None, b2=None) -> tuple:
+def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> tuple:
     """Spec's fields as a plain tuple (same order), built on every call: the device and the shapes stay torch
     objects (hashing a torch.Size equals hashing the tuple); `_spec` converts them on the slow path."""
     return (kind, x.device, x.shape, w.shape, x.dtype, stride, b is not None, residual is not None, relu, _layout(x),
-            upsample, pre_clamp, () if w2 is None else w2.shape, b2 is not None)
+            upsample, pre_clamp)
 
 
 def _spec(key: tuple) -> Spec:
-    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp, tail, tb = key
+    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp = key
     return Spec(kind, str(device), tuple(x_shape), tuple(w_shape), dtype, int(stride), bias, residual, bool(relu),
-                layout, int(upsample), bool(pre_clamp), tuple(tail), bool(tb))
+                layout, int(upsample), bool(pre_clamp))
 
 
 # ------------------------------------------------------------------------------------ contract
@@ -680,23 +637,6 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int
     if _mode == "torch" or _needs_grad(x, weight, bias, residual):
         return _torch_conv2d(*args)
     return _choose(_key("conv2d", *args), args, layer)(*args)
-
-
-def conv2d_tail(x: Tensor, weight: Tensor, bias: Tensor | None, tail_weight: Tensor, tail_bias: Tensor | None, *,
-                stride: int = 1, residual: Tensor | None = None, relu: bool = False, layer: nn.Module | None = None,
-                tail_layer: nn.Module | None = None) -> Tensor:
-    """conv2d(h, tail_weight, tail_bias, padding=1) with h = conv2d(x, weight, bias, ...) as in `conv2d` (no
-    upsample or clamp): a conv and the small conv after it (the decoder's last Block conv and its 64->3 output
-    conv), which a kernel may fuse. Both layers get the decision's row in `dispatch_table`."""
-    args = (x, weight, bias, stride, residual, relu, tail_weight, tail_bias)
-    if _mode == "torch" or _needs_grad(x, weight, bias, residual, tail_weight, tail_bias):
-        return _torch_conv2d_tail(*args)
-    run = _choose(_key("conv2d_tail", x, weight, bias, stride, residual, relu, 1, False, tail_weight, tail_bias),
-                  args, layer, tail_layer)
-    if run is _separate_tail:  # unfused: each conv dispatched with its layer, so both get their own rows too
-        h = conv2d(x, weight, bias, stride=stride, residual=residual, relu=relu, layer=layer)
-        return conv2d(h, tail_weight, tail_bias, layer=tail_layer)
-    return run(*args)
 
 
 def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Module | None = None) -> Tensor:
@@ -743,8 +683,7 @@ def dispatch_table(model: nn.Module) -> str:
             spec = r.spec
             res = "cache" if spec.kind == "head_full" else "res"
             flags = "+".join(f for f, on in (("clamp", spec.pre_clamp), ("up2", spec.upsample == 2), ("bias", spec.bias),
-                                             (res, spec.residual), ("relu", spec.relu),
-                                             (f"then {_fmt_shape(spec.tail_shape)}", spec.tail_shape)) if on)
+                                             (res, spec.residual), ("relu", spec.relu)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),
                          str(spec.dtype).replace("torch.", ""), str(spec.stride), flags or "-", spec.layout, r.choice,

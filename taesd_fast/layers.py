@@ -60,25 +60,14 @@ class Block(nn.Module):
             width = 4 * n_in
             self.pool = nn.Sequential(conv1x1(n_in, width), nn.GroupNorm(4, width), nn.ReLU(), conv1x1(width, n_in))
 
-    def forward(self, x: torch.Tensor, then: DispatchConv2d | None = None) -> torch.Tensor:
-        """`then`: a 3x3 conv without ReLU that follows the block (the decoder's output conv); returns its output,
-        and the dispatcher may fuse it into the block's last conv."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pool is not None:
             x = x + self.pool(x)
         first, _, second, _, third = self.conv
         h = first(x, relu=True)
         h = second(h, relu=True)
         # The last conv takes the skip and the block's final ReLU as its epilogue.
-        if then is None:
-            return third(h, residual=self.skip(x), relu=True)
-        return dispatch.conv2d_tail(h, third.weight, third.bias, then.weight, then.bias, residual=self.skip(x),
-                                    relu=True, layer=third, tail_layer=then)
-
-
-def _plain_3x3(module: nn.Module | None) -> bool:
-    """A stride-1 3x3 'same' conv (what conv2d_tail takes as its second conv)."""
-    return (isinstance(module, DispatchConv2d) and module.kernel_size == (3, 3) and module.stride == (1, 1)
-            and module.padding == (1, 1) and module.groups == 1 and module.dilation == (1, 1))
+        return third(h, residual=self.skip(x), relu=True)
 
 
 def _nearest_factor(module: nn.Module) -> int | None:
@@ -91,8 +80,7 @@ def _nearest_factor(module: nn.Module) -> int | None:
 
 class ReLUSequential(nn.Sequential):
     """nn.Sequential that hands the dispatcher fused calls: a Clamp or a nearest nn.Upsample followed by a conv (a
-    kernel may fold either into the conv), a conv followed by nn.ReLU, and a Block followed by a 3x3 conv without
-    ReLU (the decoder's end: the conv may be folded into the Block's last conv).
+    kernel may fold either into the conv), and a conv followed by nn.ReLU.
 
     Keys and indices are those of a plain nn.Sequential; only the forward differs.
     """
@@ -107,12 +95,7 @@ class ReLUSequential(nn.Sequential):
             else:
                 upsample, pre_clamp = 1, False
             module = modules[i]
-            then = modules[i + 1] if i + 1 < len(modules) else None
-            if isinstance(module, Block) and _plain_3x3(then) and not (
-                    i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)):
-                x = module(x, then=then)
-                i += 2
-            elif isinstance(module, DispatchConv2d):
+            if isinstance(module, DispatchConv2d):
                 relu = i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU)
                 x = module(x, relu=relu, upsample=upsample or 1, pre_clamp=pre_clamp)
                 i += 2 if relu else 1

@@ -87,10 +87,9 @@ if gluon is not None:
             tma.async_copy_global_to_shared(r_desc, [img, row - 1, col0, 0], bar, r_smem.index(stage), pred=pred)
 
     @gluon.jit
-    def _halo_conv_kernel(x_desc, w_desc, r_desc, y_desc, t_desc, b_ptr, y_ptr, H, W, ROWS, CHUNKS, STRIPS,
+    def _halo_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, y_ptr, H, W, ROWS, CHUNKS, STRIPS,
                           C_OUT: gl.constexpr, N_PAD: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                          RELU: gl.constexpr, BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
-                          PDL: gl.constexpr):
+                          RELU: gl.constexpr, BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr, PDL: gl.constexpr):
         pid = gl.program_id(0)
         strip = pid % STRIPS
         t = pid // STRIPS
@@ -109,27 +108,21 @@ if gluon is not None:
         x_smem = gl.allocate_shared_memory(gl.float16, [NUM_STAGES * 3, 1, 1, BLOCK_W, 64], x_desc.layout)
         w_smem = gl.allocate_shared_memory(gl.float16, [9, 64, N_PAD], w_desc.layout)
         if C_OUT == 64:  # full rows leave through TMA stores; narrow outputs (64->3) through masked stores
-            o_smem = gl.allocate_shared_memory(gl.float16, [1, 1, BLOCK_W, 64], x_desc.layout)
+            o_smem = gl.allocate_shared_memory(gl.float16, [1, 1, BLOCK_W, 64], y_desc.layout)
         else:
             o_smem = w_smem  # never written
         if HAS_RES:
             r_smem = gl.allocate_shared_memory(gl.float16, [NUM_STAGES, 1, 1, BLOCK_W, 64], r_desc.layout)
         else:
             r_smem = w_smem  # never read
-        if TAIL_N > 0:  # the next conv's weights as one [64, TAIL_N] matrix (see _tail_row)
-            t_smem = gl.allocate_shared_memory(gl.float16, [64, TAIL_N], t_desc.layout)
-        else:
-            t_smem = w_smem  # never read
         bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES + 1, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
 
         w_bar = bars.index(NUM_STAGES)
-        mbarrier.expect(w_bar, (9 * N_PAD + TAIL_N) * 64 * 2)
+        mbarrier.expect(w_bar, 9 * 64 * N_PAD * 2)
         for tap in gl.static_range(9):
             tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))
-        if TAIL_N > 0:
-            tma.async_copy_global_to_shared(t_desc, [0, 0], w_bar, t_smem)
         if PDL:  # see conv_tc.pdl_args: the weights load while the previous kernel drains; activations wait for it
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
@@ -152,27 +145,23 @@ if gluon is not None:
             # Step i = 3g + k reads input row j = r0 - 1 + i; output row r lives in accumulator (r - r0 + 1) % 3, so
             # row j+1 (first contribution) is in acc (k+1)%3, row j in acc k, row j-1 (completes) in acc (k+2)%3.
             acc1, acc0, acc2 = _row_step(3 * g + 0, acc1, acc0, acc2, x_desc, r_desc, y_desc, x_smem, r_smem,
-                                         w_smem, o_smem, t_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W,
-                                         n_groups, dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W,
-                                         NUM_STAGES, TAIL_N)
+                                         w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
+                                         dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
             acc2, acc1, acc0 = _row_step(3 * g + 1, acc2, acc1, acc0, x_desc, r_desc, y_desc, x_smem, r_smem,
-                                         w_smem, o_smem, t_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W,
-                                         n_groups, dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W,
-                                         NUM_STAGES, TAIL_N)
+                                         w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
+                                         dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
             acc0, acc2, acc1 = _row_step(3 * g + 2, acc0, acc2, acc1, x_desc, r_desc, y_desc, x_smem, r_smem,
-                                         w_smem, o_smem, t_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W,
-                                         n_groups, dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W,
-                                         NUM_STAGES, TAIL_N)
+                                         w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
+                                         dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
         tma.store_wait(0)
         for i in gl.static_range(NUM_STAGES + 1):
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
-    def _store_row(acc, res, bias, y_desc, o_smem, t_smem, y_ptr, img, row, r0, r_end, col0, H, W,
-                   mma: gl.constexpr, C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                   RELU: gl.constexpr, BLOCK_W: gl.constexpr, TAIL_N: gl.constexpr):
-        # Output row `row` from its accumulator: bias, residual, ReLU; stored only if the run owns the row (with a
-        # tail: its product with the next conv's weights is stored instead, see _tail_row).
+    def _store_row(acc, res, bias, y_desc, o_smem, y_ptr, img, row, r0, r_end, col0, H, W, mma: gl.constexpr,
+                   C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                   BLOCK_W: gl.constexpr):
+        # Output row `row` from its accumulator: bias, residual, ReLU; stored only if the run owns the row.
         out = acc
         if HAS_BIAS:
             out = out + bias[None, :]
@@ -188,10 +177,7 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()
             if row_ok:
-                if TAIL_N > 0:
-                    _tail_row(y_desc, o_smem, t_smem, img, row, col0, TAIL_N, BLOCK_W)
-                else:
-                    tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], o_smem)
+                tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], o_smem)
         else:
             px = col0 + gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, mma))
             n = gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, mma))
@@ -200,26 +186,10 @@ if gluon is not None:
             gl.store(y_ptr + offs, out.to(gl.float16), mask=mask)
 
     @gluon.jit
-    def _tail_row(y_desc, o_smem, t_smem, img, row, col0, TAIL_N: gl.constexpr, BLOCK_W: gl.constexpr):
-        # The next conv (64 -> c2, no ReLU) folded in: this output row (f16 in o_smem, as the next conv would read
-        # it) times its weights arranged [c_in, tap * c2 + c]: every tap's contribution of every pixel, in fp32,
-        # stored through o_smem (the same bytes at TAIL_N = 32) by TMA. The taps' shifted sum (conv_tail) needs the
-        # neighbouring rows and strips, so it runs after this grid.
-        tmma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                       instr_shape=[16, TAIL_N, 16])
-        p = warpgroup_mma(o_smem.reshape([BLOCK_W, 64]), t_smem, gl.zeros([BLOCK_W, TAIL_N], gl.float32, tmma))
-        gl.thread_barrier()  # every warpgroup's MMA has read o_smem
-        p_smem = o_smem._reinterpret(gl.float32, [1, 1, BLOCK_W, TAIL_N], y_desc.layout)
-        p_smem.reshape([BLOCK_W, TAIL_N]).store(p)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(y_desc, [img, row, col0, 0], p_smem)
-
-    @gluon.jit
-    def _row_step(i, acc_next, acc_cur, acc_done, x_desc, r_desc, y_desc, x_smem, r_smem, w_smem, o_smem, t_smem,
-                  bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups, dot_a: gl.constexpr, mma: gl.constexpr,
+    def _row_step(i, acc_next, acc_cur, acc_done, x_desc, r_desc, y_desc, x_smem, r_smem, w_smem, o_smem, bars, bias,
+                  y_ptr, img, r0, r_end, col0, H, W, n_groups, dot_a: gl.constexpr, mma: gl.constexpr,
                   C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
-                  BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr):
+                  BLOCK_W: gl.constexpr, NUM_STAGES: gl.constexpr):
         stage = i % NUM_STAGES
         bar = bars.index(stage)
         mbarrier.wait(bar, (i // NUM_STAGES) & 1)
@@ -248,8 +218,8 @@ if gluon is not None:
             acc_cur = warpgroup_mma(a2, w_smem.index(5), acc_cur, is_async=True)
             acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
             acc_done, acc_cur, acc_next = warpgroup_mma_wait(2, deps=[acc_done, acc_cur, acc_next])
-            _store_row(acc_done, res, bias, y_desc, o_smem, t_smem, y_ptr, img, row_done, r0, r_end, col0, H, W,
-                       mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, TAIL_N)
+            _store_row(acc_done, res, bias, y_desc, o_smem, y_ptr, img, row_done, r0, r_end, col0, H, W, mma,
+                       C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
             # Drain the last two MMAs before the next step reloads the A registers they read.
             acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])
         else:
@@ -271,8 +241,8 @@ if gluon is not None:
                 acc_next = warpgroup_mma(a1, w_smem.index(1), acc_next, is_async=True)
                 acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
                 acc_next = warpgroup_mma_wait(0, deps=[acc_next])
-            _store_row(acc_done, res, bias, y_desc, o_smem, t_smem, y_ptr, img, row_done, r0, r_end, col0, H, W,
-                       mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, TAIL_N)
+            _store_row(acc_done, res, bias, y_desc, o_smem, y_ptr, img, row_done, r0, r_end, col0, H, W, mma,
+                       C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
         return acc_next, acc_cur, acc_done
 
 
@@ -298,14 +268,11 @@ def _nhwc_desc(t: Tensor, block: list, layout) -> "TensorDescriptor":
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
-           block_w: int = 128, pdl: dict | None = None, tail: Tensor | None = None) -> None:
+           block_w: int = 128, pdl: dict | None = None) -> None:
     """x, residual, out: channels_last f16 [B, C, H, W] (C = 64; out may have fewer channels); wp: conv_tc's packed
-    weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs); pdl: conv_tc.pdl_args(x).
-    tail: the next conv's weights [64, tail_n] f16 (conv_tail.pack_tail); out is then fp32 [B, H, W, tail_n], each
-    output row's product with them (64->64 only)."""
+    weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs); pdl: conv_tc.pdl_args(x)."""
     B, _, H, W = x.shape
-    tail_n = 0 if tail is None else tail.shape[1]
-    c_out, n_pad = C if tail_n else out.shape[1], wp.shape[-1]
+    c_out, n_pad = out.shape[1], wp.shape[-1]
     if W <= 64 or n_pad < C:
         # One warpgroup: at W <= 64 a wider strip would be half padding; narrow outputs (64->3) are memory-bound,
         # and twice the programs hide more latency (256^2 B=64: 0.202 vs 0.258 ms, BENCHMARKS.md run L).
@@ -313,30 +280,19 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     act_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     box = [1, 1, block_w, C]
     x_desc = _nhwc_desc(x, box, act_layout)
-    if tail_n:  # out: fp32 [B, H, W, tail_n], stored through o_smem (tail_n * 4 = 128 bytes per pixel)
-        y_desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [1, 1, block_w, tail_n],
-                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=4))
-    else:
-        y_desc = _nhwc_desc(out, box, act_layout) if c_out == C else x_desc  # narrow outputs use plain stores
-    t_desc = w_desc_for(tail) if tail_n else x_desc
+    y_desc = _nhwc_desc(out, box, act_layout) if c_out == C else x_desc  # narrow outputs use plain stores
     r_desc = _nhwc_desc(residual, box, act_layout) if residual is not None else x_desc
-    w_desc = w_desc_for(wp.reshape(9 * C, n_pad))
+    w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, n_pad), [C, n_pad],
+                                          gl.NVMMASharedLayout.get_default_for([C, n_pad], gl.float16))
     strips = -(-W // block_w)
     per_sm = NARROW_PER_SM if n_pad < C else 1
     rows = _rows_per_program(B, H, strips, _sm_count(x.device) * per_sm)
     chunks = -(-H // rows)
     _halo_conv_kernel[(B * chunks * strips,)](
-        x_desc, w_desc, r_desc, y_desc, t_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
-        C_OUT=c_out, N_PAD=n_pad, TAIL_N=tail_n, HAS_BIAS=b is not None, HAS_RES=residual is not None,
-        RELU=bool(relu),
+        x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
+        C_OUT=c_out, N_PAD=n_pad, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
         BLOCK_W=block_w, NUM_STAGES=STAGES if n_pad == C else 3, num_warps=block_w // 16, **(pdl or {"PDL": False}),
     )
-
-
-def w_desc_for(w2d: Tensor) -> "TensorDescriptor":
-    """A TMA descriptor loading a [64, n] block of a 2-D f16 weight matrix (rows c_in)."""
-    n = w2d.shape[1]
-    return TensorDescriptor.from_tensor(w2d, [C, n], gl.NVMMASharedLayout.get_default_for([C, n], gl.float16))
 
 
 @functools.cache
