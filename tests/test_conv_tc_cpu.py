@@ -181,7 +181,10 @@ def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
     assert not tc.default_config(64, 64, 1, 1, 128 * 128, tma=False).small_tile  # eager: the pointer kernel
     assert not tc.default_config(64, 64, 1, 1, 256 * 256).small_tile  # enough tiles: the row-streaming kernel
     assert not tc.default_config(64, 3, 1, 1, 32 * 32).small_tile
-    assert not tc.default_config(64, 64, 1, 2, 32 * 32).small_tile  # upsample fold
+    assert tc.default_config(64, 64, 1, 2, 32 * 32).small_tile  # upsample fold: conv_up
+    up = tc.default_config(64, 64, 1, 2, 128 * 128)  # 256^2 B=1: conv_up, TMA tiles where it cannot run
+    assert up.small_tile and up.tile_w
+    assert not tc.default_config(64, 64, 1, 2, 32 * 32, tma=False).small_tile
     assert not tc.default_config(4, 64, 1, 1, 32 * 32).small_tile
 
 
@@ -372,3 +375,16 @@ def test_interpreter_really_ran_the_kernel(interpreted):
 
 if __name__ == "__main__" and "--interpret-cases" in sys.argv:
     _child_main()
+
+
+def test_upsample_latency_kernel_rows_fill_one_wave():
+    """conv_up: the fewest low-res rows per program that keep the grid to one wave (2 row parities x strips of 64
+    columns x row tiles); None where even 4 rows need a second wave (the launcher then takes the TMA kernel)."""
+    from taesd_fast.kernels import conv_up
+
+    assert conv_up.rows_per_program(1, 32, 32, 132) == 1  # 64^2 output: 64 programs
+    assert conv_up.rows_per_program(1, 64, 64, 132) == 1  # 128^2: 128 programs
+    assert conv_up.rows_per_program(1, 128, 128, 132) == 4  # 256^2: 128 programs
+    assert conv_up.rows_per_program(1, 100, 64, 132) == 2
+    assert conv_up.rows_per_program(1, 256, 256, 132) is None  # 512^2
+    assert conv_up.rows_per_program(16, 32, 32, 132) is None

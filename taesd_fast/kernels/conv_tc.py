@@ -263,9 +263,9 @@ class TCConfig:
     halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns (64 where W <= 64),
     where it applies (64->64 or 64->3, stride 1, no upsample or pre_clamp, W >= 64, sm_90); elsewhere the TMA or
     pointer kernel as above.
-    small_tile: the latency kernel (conv_tile: rows of 64 output pixels, weights loaded before the PDL wait, the
-    three shifted input boxes in one round) where it applies (64->64, stride 1, no upsample or pre_clamp, sm_90);
-    elsewhere as above."""
+    small_tile: the latency kernels where they apply (64->64, no pre_clamp, sm_90, grids of one wave): conv_tile
+    (rows of 64 output pixels, weights loaded before the PDL wait, the three shifted input boxes in one round) for
+    stride-1 convs, conv_up for the upsample fold without a residual; elsewhere as above."""
 
     block_m: int = 128
     num_warps: int = 4
@@ -300,8 +300,10 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
     plan = _plan(c_in, c_out, upsample)
     tiles = lambda bm: -(-m_rows // bm) * plan.phases * (plan.n_pad // plan.block_n)
     num_warps = 8 if plan.block_n >= 128 else 4
+    # The latency kernels (conv_tile, conv_up) take small 64->64 problems; the launcher falls back where they
+    # cannot run (e.g. more than one wave of programs).
+    small_tile = SMALL_TILE and tma and c_in == 64 and c_out == 64 and stride == 1
     if tiles(128) < 2 * _SMS:  # small problems (B=1 previews): smaller tiles fill the SMs
-        small_tile = SMALL_TILE and tma and c_in == 64 and c_out == 64 and stride == 1 and upsample == 1
         return TCConfig(64, num_warps, 2 if plan.flat else 3, small_tile=small_tile)
     if plan.flat:  # a single K step: nothing to pipeline
         return TCConfig(128, num_warps, 2)
@@ -310,7 +312,8 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
     # kernel for 64->64 and 64->3 (falls back to TMA where it cannot run): 64->64 256^2 B=64 0.60 vs 0.87 ms,
     # 128^2 0.135 vs 0.20, 1024^2 B=1 0.156 vs 0.23 (run K).
     halo = tma and c_in == 64 and (c_out == 64 or c_out <= 16) and stride == 1 and upsample == 1
-    return TCConfig(128, num_warps, 3, tile_w=16 if tma else 0, halo_w=128 if halo else 0)
+    return TCConfig(128, num_warps, 3, tile_w=16 if tma else 0, halo_w=128 if halo else 0,
+                    small_tile=small_tile and upsample == 2)  # conv_up where one wave covers it (256^2 B=1)
 
 
 def _check_config(cfg: TCConfig, plan: _Plan) -> None:
@@ -483,8 +486,14 @@ def _halo_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: b
     return conv_halo.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
 
 
-def _small_tile_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
-    """Why this call cannot take the latency kernel (then the row-streaming, TMA or pointer kernel runs), or None."""
+def _small_tile_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
+                       residual: bool) -> str | None:
+    """Why this call cannot take a latency kernel (conv_tile, or conv_up for the upsample fold; then the
+    row-streaming, TMA or pointer kernel runs), or None."""
+    if upsample == 2:
+        from . import conv_up
+
+        return conv_up.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
     from . import conv_tile
 
     return conv_tile.unsupported_reason(x, c_out, stride, upsample, pre_clamp)
@@ -539,14 +548,18 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     if POISON_OUTPUT:
         out.fill_(float("nan"))
     grid = (-(-M // cfg.block_m) * plan.phases, plan.n_pad // plan.block_n)
-    small = cfg.small_tile and _small_tile_reason(x, c_out, stride, upsample, pre_clamp) is None
+    small = cfg.small_tile and _small_tile_reason(x, c_out, stride, upsample, pre_clamp, residual is not None) is None
     halo = (not small and cfg.halo_w
             and _halo_reason(x, c_out, stride, upsample, pre_clamp, residual is not None) is None)
     tma = not small and not halo and cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
     # Launch on x's device (current stream); entering a device context costs CPU time, so only when it differs.
     other_device = x.is_cuda and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if other_device else contextlib.nullcontext():
-        if small:
+        if small and upsample == 2:
+            from . import conv_up
+
+            conv_up.launch(x, wp, b, out, relu, pdl_args(x))
+        elif small:
             from . import conv_tile
 
             conv_tile.launch(x, wp, b, residual, out, relu, pdl_args(x))

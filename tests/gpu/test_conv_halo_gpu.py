@@ -1,5 +1,6 @@
 """The Gluon convs, reached through conv_tc's launcher: the row-streaming kernel (kernels/conv_halo.py, halo_w
-configs) and the latency kernel for small images (kernels/conv_tile.py, small_tile configs).
+configs) and the latency kernels for small images (kernels/conv_tile.py, and kernels/conv_up.py for the upsample
+fold; small_tile configs).
 
 Same bound as test_conv_tc_gpu: rel err vs float64 <= 2x cuDNN's own f16 error on the same inputs, NaN-poisoned
 outputs, fresh random inputs. Every case asserts the kernel under test really ran (a fallback to another kernel
@@ -14,7 +15,7 @@ import itertools
 import pytest
 import torch
 
-from taesd_fast.kernels import conv_halo, conv_tile
+from taesd_fast.kernels import conv_halo, conv_tile, conv_up
 from taesd_fast.kernels import conv_tc as tc
 
 CL = torch.channels_last
@@ -54,6 +55,11 @@ def tile_launches(monkeypatch):
     return _count_launches(conv_tile, monkeypatch)
 
 
+@pytest.fixture
+def up_launches(monkeypatch):
+    return _count_launches(conv_up, monkeypatch)
+
+
 def _make(B, H, W, bias, residual, gen, cout=64):
     x = torch.randn(B, 64, H, W, generator=gen, device="cuda").half().contiguous(memory_format=CL)
     w = (torch.randn(cout, 64, 3, 3, generator=gen, device="cuda") / 24).half()
@@ -79,11 +85,11 @@ HALO = lambda halo_w: tc.TCConfig(128, 4, 3, tile_w=16, halo_w=halo_w)  # noqa: 
 SMALL = tc.TCConfig(64, 4, 3, small_tile=True)  # the latency kernel (conv_tile)
 
 
-def _check(B, H, W, bias, residual, relu, config, seed, launches, cout=64):
+def _check(B, H, W, bias, residual, relu, config, seed, launches, cout=64, upsample=1):
     """One launch with config on fresh inputs: the kernel under test ran (launches) and is within the bound."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x, w, b, r = _make(B, H, W, bias, residual, gen, cout)
-    args = (x, w, b, r, 1, relu, 1, False)
+    args = (x, w, b, r, 1, relu, upsample, False)
     y = tc.conv3x3_tc_launch(*args, config=config)
     assert launches, "the kernel under test did not run"
     _assert_close(y, args)
@@ -188,4 +194,58 @@ def test_small_tile_graph_replays_new_inputs(tile_launches):
     torch.cuda.synchronize()
     expected = run()
     assert len(tile_launches) == 6
+    assert not y.isnan().any() and torch.equal(y, expected)
+
+
+# --------------------------------------------------------------------------- the upsample fold's latency kernel
+
+
+@pytest.mark.parametrize("bias,relu", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("B,H,W,rows", [(1, 32, 32, 1), (1, 100, 64, 2), (1, 126, 100, 4)])
+def test_upsample_kernel_epilogues_and_row_counts(bias, relu, B, H, W, rows, up_launches):
+    """Each rows-per-program choice (1, 2, 4 low-res rows), a partial last tile (126 = 31 x 4 + 2 rows), a partial
+    strip (100 = 64 + 36 columns) and a half-empty one (32 columns: zero fill and clipped stores)."""
+    assert conv_up.rows_per_program(B, H, W, 132) == rows
+    _check(B, H, W, bias, False, relu, SMALL, seed=1000 * rows + int(bias) + 2 * relu, launches=up_launches,
+           upsample=2)
+
+
+@pytest.mark.parametrize("B,H,W", [(2, 30, 40), (1, 64, 64), (1, 128, 128), (3, 5, 17), (1, 1, 64)])
+def test_upsample_kernel_shapes(B, H, W, up_launches):
+    """The decoder's 64^2 -> 128^2 and 128^2 -> 256^2 upsample convs at B=1, batches, a one-row image."""
+    _check(B, H, W, False, False, False, SMALL, seed=B * 1000 + H * 10 + W, launches=up_launches, upsample=2)
+
+
+@pytest.mark.parametrize("B,H,W,residual", [(1, 16, 16, True), (1, 256, 256, False), (16, 32, 32, False),
+                                            (1, 16, 8, False)])
+def test_upsample_kernel_falls_back_where_it_does_not_apply(B, H, W, residual, up_launches):
+    """A residual, more than one wave of programs (512^2 and B=16 outputs) and narrow images take the TMA or
+    pointer kernel, with results within the same bound."""
+    gen = torch.Generator(device="cuda").manual_seed(B + H + W)
+    x, w, b, _ = _make(B, H, W, True, False, gen)
+    r = torch.randn(B, 64, 2 * H, 2 * W, generator=gen, device="cuda").half().contiguous(memory_format=CL)
+    args = (x, w, b, r if residual else None, 1, True, 2, False)
+    y = tc.conv3x3_tc_launch(*args, config=SMALL)
+    assert not up_launches
+    _assert_close(y, args)
+
+
+def test_upsample_kernel_graph_replays_new_inputs(up_launches, tile_launches):
+    """The decoder's order, captured with programmatic dependent launch: the upsample conv, then a Block conv that
+    reads its output. The replay on new inputs must equal the same launches run eagerly."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x, w, b, _ = _make(1, 64, 64, True, False, gen)
+    w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
+    run = lambda: tc.conv3x3_tc_launch(tc.conv3x3_tc_launch(x, w, None, None, 1, False, 2, config=SMALL), w2, b,
+                                       None, 1, True, config=SMALL)
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run()
+    x.copy_(torch.randn(x.shape, generator=gen, device="cuda").half())
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = run()
+    assert len(up_launches) == 3 and len(tile_launches) == 3
     assert not y.isnan().any() and torch.equal(y, expected)
