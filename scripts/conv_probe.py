@@ -29,22 +29,12 @@ CHAIN = 20
 NO_MMA = (re.compile(r"^( *)acc_\w+(, acc_\w+)* = warpgroup_mma(_wait)?\(.*$", re.M), r"\1pass")  # each MMA and wait
 EDITS = {
     conv_halo: {
-        "one dx box per row": [("        mbarrier.expect(bar, 3 * BLOCK_W * 64 * 2, pred=pred)",
-                                "        mbarrier.expect(bar, BLOCK_W * 64 * 2, pred=pred)"),
+        "one dx box per row": [("(4 if HAS_RES else 3) * BLOCK_W", "(2 if HAS_RES else 1) * BLOCK_W"),
                                ("        for dx in gl.static_range(3):\n            tma.async_copy_global_to_shared(x_desc",
                                 "        for dx in gl.static_range(1, 2):\n            tma.async_copy_global_to_shared(x_desc")],
         "no MMA": [NO_MMA],
         "every MMA (edge steps not skipped)": [("        if (i >= 2) & (row_done + 2 < r_end):  # every MMA",
                                                 "        if True:  # every MMA")],
-        "residual loaded, not added": [
-            ("            out = out + r_smem.index(stage).reshape([BLOCK_W, 64]).load(mma).to(gl.float32)\n", "")],
-        "residual neither loaded nor added": [
-            ("            mbarrier.wait(r_bar, r_phase)\n"
-             "            out = out + r_smem.index(stage).reshape([BLOCK_W, 64]).load(mma).to(gl.float32)\n",
-             "            pass\n"),
-            ("        mbarrier.expect(bar, BLOCK_W * 64 * 2, pred=pred)\n"
-             "        tma.async_copy_global_to_shared(r_desc, [img, row, col0, 0], bar, r_smem.index(stage), pred=pred)",
-             "        pass")],
     },
     conv_tile: {
         "one dx box": [("            mbarrier.expect(bars.index(1 + dx), 4 * 64 * 64 * 2)",
@@ -63,8 +53,6 @@ KERNEL_NAME = {conv_halo: "_halo_conv_kernel", conv_tile: "_tile_conv_kernel"}
 SHAPES = [
     ("row-streaming 64->64 256^2 B=1 b+r+relu", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 1, 256, 256,
      64, True),
-    ("row-streaming 64->64 256^2 B=1 b+relu", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 1, 256, 256,
-     64, False),
     ("row-streaming 64->3 256^2 B=1", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 1, 256, 256, 3, False),
     ("row-streaming 64->64 256^2 B=16 b+r+relu", conv_halo, tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), 16, 256,
      256, 64, True),

@@ -44,7 +44,6 @@ STAGES = 2  # input rows in flight for 64->64 (shared memory: weights 72 KB + ST
 # so two fit). Row runs are sized for that many resident programs: at B=1 a run's rows are walked one after another,
 # so shorter runs cut latency. 64->64 programs (144-216 KB) fit one per SM.
 NARROW_PER_SM = 2
-NARROW_STAGES = 3  # input rows in flight for narrow outputs
 
 
 def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
@@ -75,19 +74,17 @@ def device_reason(x: Tensor) -> str | None:
 if gluon is not None:
 
     @gluon.jit
-    def _load_row(x_desc, x_smem, bar, stage, img, row, col0, pred, BLOCK_W: gl.constexpr):
-        # Input row `row` as three boxes shifted by dx - 1 columns.
-        mbarrier.expect(bar, 3 * BLOCK_W * 64 * 2, pred=pred)
+    def _load_row(x_desc, r_desc, x_smem, r_smem, bar, stage, img, row, col0, pred,
+                  HAS_RES: gl.constexpr, BLOCK_W: gl.constexpr):
+        # Input row `row` as three boxes shifted by dx - 1 columns, and (with a residual) output row row - 1's
+        # residual, which the epilogue of the step that consumes this stage needs.
+        nbytes: gl.constexpr = (4 if HAS_RES else 3) * BLOCK_W * 64 * 2
+        mbarrier.expect(bar, nbytes, pred=pred)
         for dx in gl.static_range(3):
             tma.async_copy_global_to_shared(x_desc, [img, row, col0 - 1 + dx, 0], bar, x_smem.index(stage * 3 + dx),
                                             pred=pred)
-
-    @gluon.jit
-    def _load_residual(r_desc, r_smem, bar, stage, img, row, col0, pred, BLOCK_W: gl.constexpr):
-        # Output row `row`'s residual, read by the epilogue of the step that completes that row. Its own barrier:
-        # the step's MMAs do not wait for it (waiting with the input boxes cost ~0.7 us per 256^2 B=1 conv, run Y2).
-        mbarrier.expect(bar, BLOCK_W * 64 * 2, pred=pred)
-        tma.async_copy_global_to_shared(r_desc, [img, row, col0, 0], bar, r_smem.index(stage), pred=pred)
+        if HAS_RES:
+            tma.async_copy_global_to_shared(r_desc, [img, row - 1, col0, 0], bar, r_smem.index(stage), pred=pred)
 
     @gluon.jit
     def _halo_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, y_ptr, H, W, ROWS, CHUNKS, STRIPS,
@@ -118,9 +115,8 @@ if gluon is not None:
             r_smem = gl.allocate_shared_memory(gl.float16, [NUM_STAGES, 1, 1, BLOCK_W, 64], r_desc.layout)
         else:
             r_smem = w_smem  # never read
-        # Barriers: the input stages, the weights, the residual stages.
-        bars = gl.allocate_shared_memory(gl.int64, [2 * NUM_STAGES + 1, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2 * NUM_STAGES + 1):
+        bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES + 1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
 
         w_bar = bars.index(NUM_STAGES)
@@ -132,10 +128,8 @@ if gluon is not None:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         for s in gl.static_range(NUM_STAGES):
-            _load_row(x_desc, x_smem, bars.index(s), s, img, r0 - 1 + s, col0, True, BLOCK_W)
-            if HAS_RES:
-                _load_residual(r_desc, r_smem, bars.index(NUM_STAGES + 1 + s), s, img, r0 - 2 + s, col0, True,
-                               BLOCK_W)
+            _load_row(x_desc, r_desc, x_smem, r_smem, bars.index(s), s, img, r0 - 1 + s, col0, True,
+                      HAS_RES, BLOCK_W)
 
         cols = gl.arange(0, N_PAD, layout=gl.SliceLayout(0, mma))
         if HAS_BIAS:
@@ -160,22 +154,19 @@ if gluon is not None:
                                          w_smem, o_smem, bars, bias, y_ptr, img, r0, r_end, col0, H, W, n_groups,
                                          dot_a, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W, NUM_STAGES)
         tma.store_wait(0)
-        for i in gl.static_range(2 * NUM_STAGES + 1):
+        for i in gl.static_range(NUM_STAGES + 1):
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
-    def _store_row(acc, r_smem, r_bar, r_phase, stage, bias, y_desc, o_smem, y_ptr, img, row, r0, r_end, col0, H, W,
-                   mma: gl.constexpr, C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                   RELU: gl.constexpr, BLOCK_W: gl.constexpr):
-        # Output row `row` from its accumulator: bias, residual, ReLU; stored only if the run owns the row. The
-        # residual is read here, while the step's last MMAs run (read at the step's start with the A operands, it
-        # cost ~1.5 us per 256^2 B=1 conv, run Y2); the thread barriers below free its stage for the next load.
+    def _store_row(acc, res, bias, y_desc, o_smem, y_ptr, img, row, r0, r_end, col0, H, W, mma: gl.constexpr,
+                   C_OUT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                   BLOCK_W: gl.constexpr):
+        # Output row `row` from its accumulator: bias, residual, ReLU; stored only if the run owns the row.
         out = acc
         if HAS_BIAS:
             out = out + bias[None, :]
         if HAS_RES:
-            mbarrier.wait(r_bar, r_phase)
-            out = out + r_smem.index(stage).reshape([BLOCK_W, 64]).load(mma).to(gl.float32)
+            out = out + res.to(gl.float32)
         if RELU:
             out = gl.maximum(out, 0.0)
         row_ok = (row >= r0) & (row < r_end)
@@ -205,11 +196,14 @@ if gluon is not None:
         a0 = x_smem.index(stage * 3 + 0).reshape([BLOCK_W, 64]).load(dot_a)
         a1 = x_smem.index(stage * 3 + 1).reshape([BLOCK_W, 64]).load(dot_a)
         a2 = x_smem.index(stage * 3 + 2).reshape([BLOCK_W, 64]).load(dot_a)
+        if HAS_RES:
+            res = r_smem.index(stage).reshape([BLOCK_W, 64]).load(mma)
+        else:
+            res = bias  # unused
         gl.thread_barrier()  # every warp has its operands in registers: the stage can be refilled
         nxt = i + NUM_STAGES
-        _load_row(x_desc, x_smem, bar, stage, img, r0 - 1 + nxt, col0, nxt < 3 * n_groups, BLOCK_W)
-        r_bar = bars.index(NUM_STAGES + 1 + stage)
-        r_phase = (i // NUM_STAGES) & 1
+        _load_row(x_desc, r_desc, x_smem, r_smem, bar, stage, img, r0 - 1 + nxt, col0, nxt < 3 * n_groups,
+                  HAS_RES, BLOCK_W)
 
         row_done = r0 - 2 + i  # the row acc_done completes; acc_cur and acc_next hold rows row_done + 1 and + 2
         if (i >= 2) & (row_done + 2 < r_end):  # every MMA of this step feeds a row of the run
@@ -224,8 +218,8 @@ if gluon is not None:
             acc_cur = warpgroup_mma(a2, w_smem.index(5), acc_cur, is_async=True)
             acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
             acc_done, acc_cur, acc_next = warpgroup_mma_wait(2, deps=[acc_done, acc_cur, acc_next])
-            _store_row(acc_done, r_smem, r_bar, r_phase, stage, bias, y_desc, o_smem, y_ptr, img, row_done, r0,
-                       r_end, col0, H, W, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
+            _store_row(acc_done, res, bias, y_desc, o_smem, y_ptr, img, row_done, r0, r_end, col0, H, W, mma,
+                       C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
             # Drain the last two MMAs before the next step reloads the A registers they read.
             acc_cur, acc_next = warpgroup_mma_wait(0, deps=[acc_cur, acc_next])
         else:
@@ -247,10 +241,8 @@ if gluon is not None:
                 acc_next = warpgroup_mma(a1, w_smem.index(1), acc_next, is_async=True)
                 acc_next = warpgroup_mma(a2, w_smem.index(2), acc_next, is_async=True)
                 acc_next = warpgroup_mma_wait(0, deps=[acc_next])
-            _store_row(acc_done, r_smem, r_bar, r_phase, stage, bias, y_desc, o_smem, y_ptr, img, row_done, r0,
-                       r_end, col0, H, W, mma, C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
-        if HAS_RES:  # every warp has read this stage's residual (the epilogue's barriers): refill it
-            _load_residual(r_desc, r_smem, r_bar, stage, img, r0 - 2 + nxt, col0, nxt < 3 * n_groups, BLOCK_W)
+            _store_row(acc_done, res, bias, y_desc, o_smem, y_ptr, img, row_done, r0, r_end, col0, H, W, mma,
+                       C_OUT, HAS_BIAS, HAS_RES, RELU, BLOCK_W)
         return acc_next, acc_cur, acc_done
 
 
@@ -299,7 +291,7 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     _halo_conv_kernel[(B * chunks * strips,)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
         C_OUT=c_out, N_PAD=n_pad, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
-        BLOCK_W=block_w, NUM_STAGES=STAGES if n_pad == C else NARROW_STAGES, num_warps=block_w // 16, **(pdl or {"PDL": False}),
+        BLOCK_W=block_w, NUM_STAGES=STAGES if n_pad == C else 3, num_warps=block_w // 16, **(pdl or {"PDL": False}),
     )
 
 

@@ -39,9 +39,6 @@ from .conv_halo import _nhwc_desc, _sm_count, device_reason
 
 C = 64  # channels in and out
 TW = 64  # tile width in pixels: one wgmma's M (narrower images leave columns to TMA's zero fill and clipped stores)
-# The MMAs' A operand (input rows) from registers (ldmatrix once per row and box, then wgmma reads only the weights
-# from shared memory) instead of from shared memory; benchmarks toggle it (scripts/flag_ab.py).
-A_FROM_REGISTERS = True
 
 
 def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
@@ -80,31 +77,6 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _box_rows(x_smem, dx: gl.constexpr, dot_a: gl.constexpr, TH: gl.constexpr):
-        # Input rows 0 .. TH+1 of box dx in registers (a wgmma A operand each); TH = 1 needs three.
-        box = x_smem.index(dx).reshape([256, 64])
-        a0 = box.slice(0, 64).load(dot_a)
-        a1 = box.slice(64, 64).load(dot_a)
-        a2 = box.slice(128, 64).load(dot_a)
-        if TH == 2:
-            a3 = box.slice(192, 64).load(dot_a)
-        else:
-            a3 = a2  # unused
-        return a0, a1, a2, a3
-
-    @gluon.jit
-    def _taps_from_registers(a0, a1, a2, a3, w_smem, acc0, acc1, dx: gl.constexpr, TH: gl.constexpr):
-        # Box dx's three taps of output row 0 (input rows 0-2) and, for two-row tiles, of row 1 (input rows 1-3).
-        acc0 = warpgroup_mma(a0, w_smem.index(dx), acc0, is_async=True)
-        acc0 = warpgroup_mma(a1, w_smem.index(3 + dx), acc0, is_async=True)
-        acc0 = warpgroup_mma(a2, w_smem.index(6 + dx), acc0, is_async=True)
-        if TH == 2:
-            acc1 = warpgroup_mma(a1, w_smem.index(dx), acc1, is_async=True)
-            acc1 = warpgroup_mma(a2, w_smem.index(3 + dx), acc1, is_async=True)
-            acc1 = warpgroup_mma(a3, w_smem.index(6 + dx), acc1, is_async=True)
-        return acc0, acc1
-
-    @gluon.jit
     def _epilogue(acc, row: gl.constexpr, bias, r_smem, o_smem, mma: gl.constexpr, TH: gl.constexpr,
                   BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr):
         if HAS_BIAS:
@@ -118,7 +90,7 @@ if gluon is not None:
     @gluon.jit
     def _tile_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, TILES_H, TILES_W,
                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr, TH: gl.constexpr,
-                          BLOCK_N: gl.constexpr, PDL: gl.constexpr, A_REGS: gl.constexpr):
+                          BLOCK_N: gl.constexpr, PDL: gl.constexpr):
         n0 = (gl.program_id(0) % (64 // BLOCK_N)) * BLOCK_N  # this program's output channels
         pid = gl.program_id(0) // (64 // BLOCK_N)
         tx = pid % TILES_W
@@ -165,30 +137,14 @@ if gluon is not None:
             tma.async_copy_global_to_shared(r_desc, [img, y0, x0, n0], r_bar, r_smem)
 
         acc0 = gl.zeros([64, BLOCK_N], gl.float32, mma)
-        acc1 = gl.zeros([64, BLOCK_N], gl.float32, mma)  # used by two-row tiles
+        if TH == 2:
+            acc1 = gl.zeros([64, BLOCK_N], gl.float32, mma)
         mbarrier.wait(w_bar, 0)
-        if A_REGS:
-            # Box dx's rows load while box dx-1's MMAs run; a wait that leaves only box dx's MMAs in flight then
-            # frees box dx-1's registers (deps keeps them allocated until it).
-            dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-            mbarrier.wait(bars.index(1), 0)
-            p0, p1, p2, p3 = _box_rows(x_smem, 0, dot_a, TH)
-            acc0, acc1 = _taps_from_registers(p0, p1, p2, p3, w_smem, acc0, acc1, 0, TH)
-            mbarrier.wait(bars.index(2), 0)
-            q0, q1, q2, q3 = _box_rows(x_smem, 1, dot_a, TH)
-            acc0, acc1 = _taps_from_registers(q0, q1, q2, q3, w_smem, acc0, acc1, 1, TH)
-            acc0, acc1, p0, p1, p2, p3 = warpgroup_mma_wait(3 * TH, deps=[acc0, acc1, p0, p1, p2, p3])
-            mbarrier.wait(bars.index(3), 0)
-            p0, p1, p2, p3 = _box_rows(x_smem, 2, dot_a, TH)
-            acc0, acc1 = _taps_from_registers(p0, p1, p2, p3, w_smem, acc0, acc1, 2, TH)
-            acc0, acc1, p0, p1, p2, p3, q0, q1, q2, q3 = warpgroup_mma_wait(
-                0, deps=[acc0, acc1, p0, p1, p2, p3, q0, q1, q2, q3])
-        else:
-            for dx in gl.static_range(3):
-                mbarrier.wait(bars.index(1 + dx), 0)
-                acc0 = _taps(x_smem, w_smem, acc0, 0, dx)
-                if TH == 2:
-                    acc1 = _taps(x_smem, w_smem, acc1, 1, dx)
+        for dx in gl.static_range(3):
+            mbarrier.wait(bars.index(1 + dx), 0)
+            acc0 = _taps(x_smem, w_smem, acc0, 0, dx)
+            if TH == 2:
+                acc1 = _taps(x_smem, w_smem, acc1, 1, dx)
         if HAS_RES:
             mbarrier.wait(r_bar, 0)
         if TH == 2:
@@ -223,5 +179,5 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     _tile_conv_kernel[(B * tiles_h * tiles_w * (C // block_n),)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, tiles_h, tiles_w,
         HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th, BLOCK_N=block_n,
-        A_REGS=A_FROM_REGISTERS, num_warps=4, **(pdl or {"PDL": False}),
+        num_warps=4, **(pdl or {"PDL": False}),
     )
