@@ -9,6 +9,13 @@ import torch
 from .graphs import capture
 
 
+def busy_gpu(us: float = 100.0) -> None:
+    """Keep the GPU spinning for ~us before a start event is recorded. After a synchronize the GPU is idle, so the
+    start event would fire at once and the timed span would include the CPU's submission of the work (a graph
+    launch: tens of us, and more when the host stalls), which inflates small kernels' times."""
+    torch.cuda._sleep(int(us * 2000))  # ~2 GHz clock cycles; the spin length need not be exact
+
+
 def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
     """Median ms per call of fn(). Each rep runs enough back-to-back calls to last ~target_ms, so one
     event pair's resolution and launch jitter do not dominate small kernels."""
@@ -22,6 +29,7 @@ def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
     iters = max(1, min(100, int(target_ms / max(start.elapsed_time(end), 1e-3))))
     times = []
     for _ in range(reps):
+        busy_gpu()
         start.record()
         for _ in range(iters):
             fn()
