@@ -18,7 +18,10 @@ phases side by side: the output seen as [B, H, 2, W, 2 * 64] (row parity and col
 
 Predicted (written before it ran; H200): at 256^2 B=1 (TH = 4, 128 programs) 128 wgmmas of 64x64x16 per program,
 ~2.1-2.5 us at 80-100% of the tensor rate, plus ~1.5 us of launch, input landing (120 KB per SM) and stores: ~4.5 us
-(from 9.5); at 128^2 (TH = 1, 128 programs) ~2.5-3 us (from 4.9). Decode 256^2 B=1 ~-7 us.
+(from 9.5); at 128^2 (TH = 1, 128 programs) ~2.5-3 us (from 4.9). Decode 256^2 B=1 ~-7 us. Measured (BENCHMARKS.md,
+runs Y1 and Y5; us per conv in a chain of 20 launches, the previous kernel in brackets): 256^2 6.23 (9.52-9.65),
+128^2 2.97 (3.58-3.60), 64^2 2.30 (2.40); decode 256^2 B=1 0.159-0.162 -> 0.156-0.157 ms. The 256^2 conv stays above
+the prediction; an A operand from registers, tried on conv_tile, made the small convs slower (run Y3).
 
 Covers 64->64, stride 1, upsample 2, optional bias and ReLU (no residual, no pre_clamp), sm_90 with Gluon, grids of at
 most one program per SM. conv_tc does the checks and packs the folded weights ([4 phases, tap * 64 + c_in, 64],
