@@ -1,4 +1,4 @@
-"""Launch the Triton and Gluon kernels (tensor-core conv incl. its TMA, row-streaming and small-tile variants, fused head with its
+"""Launch the Triton and Gluon kernels (tensor-core conv incl. its TMA, row-streaming, small-tile and upsample variants, fused head with its
 Triton and Hopper g kernels, norm+SiLU window)
 on small odd shapes with every optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error
 vs each PyTorch twin. `--head-only`: just the head kernels; `--conv-only`: just the convs."""
@@ -16,7 +16,8 @@ CONV_CASES = [] if "--head-only" in sys.argv else [
     (64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False), (64, 64, 9, 11, 1, 2, False),
     (3, 64, 17, 9, 1, 1, False), (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False),
     (64, 64, 7, 70, 1, 1, False), (64, 3, 5, 130, 1, 1, False), (64, 64, 9, 20, 1, 1, False),
-    (64, 64, 70, 70, 1, 1, False)]  # the last two: the small-tile kernel with half the channels, with two-row tiles
+    (64, 64, 70, 70, 1, 1, False),  # the last two: the small-tile kernel with half the channels, with two-row tiles
+    (64, 64, 60, 70, 1, 2, False)]  # the upsample kernel with 4-row tiles and a partial strip (up2 cases, opt=False)
 for cin, cout, H, W, stride, up, clamp in CONV_CASES:
     for optional in (True, False):
         x = rnd(2, cin, H, W).half().contiguous(memory_format=torch.channels_last)
@@ -30,7 +31,7 @@ for cin, cout, H, W, stride, up, clamp in CONV_CASES:
         for cfg in [None] + ([conv_tc.TCConfig(64, 4, 3, tile_w=8),
                               conv_tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)] if tma_ok else []) + \
                 ([conv_tc.TCConfig(128, 4, 3, tile_w=16, halo_w=64)] if halo_ok else []) + \
-                ([conv_tc.TCConfig(64, 4, 3, small_tile=True)] if tma_ok and up == 1 and cin == cout == 64 else []):
+                ([conv_tc.TCConfig(64, 4, 3, small_tile=True)] if tma_ok and cin == cout == 64 else []):
             rows_per_program = conv_halo._rows_per_program
             if cfg is not None and cfg.halo_w:  # short row chunks: every program re-reads halo rows at both ends
                 conv_halo._rows_per_program = lambda *a: 2
