@@ -39,9 +39,6 @@ from .conv_halo import _nhwc_desc, _sm_count, device_reason
 
 C = 64  # channels in and out
 TW = 64  # tile width in pixels: one wgmma's M (narrower images leave columns to TMA's zero fill and clipped stores)
-# Two-row tiles: row 0's nine MMAs first, then row 1's, whose MMAs then overlap row 0's epilogue (instead of the two
-# rows' MMAs interleaved by input box and one epilogue after all 18). Benchmarks toggle it (scripts/flag_ab.py).
-ROW_PIPELINE = True
 
 
 def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
@@ -93,7 +90,7 @@ if gluon is not None:
     @gluon.jit
     def _tile_conv_kernel(x_desc, w_desc, r_desc, y_desc, b_ptr, TILES_H, TILES_W,
                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr, TH: gl.constexpr,
-                          BLOCK_N: gl.constexpr, PDL: gl.constexpr, ROW_PIPE: gl.constexpr):
+                          BLOCK_N: gl.constexpr, PDL: gl.constexpr):
         n0 = (gl.program_id(0) % (64 // BLOCK_N)) * BLOCK_N  # this program's output channels
         pid = gl.program_id(0) // (64 // BLOCK_N)
         tx = pid % TILES_W
@@ -146,19 +143,11 @@ if gluon is not None:
         for dx in gl.static_range(3):
             mbarrier.wait(bars.index(1 + dx), 0)
             acc0 = _taps(x_smem, w_smem, acc0, 0, dx)
-            if TH == 2 and not ROW_PIPE:
-                acc1 = _taps(x_smem, w_smem, acc1, 1, dx)
-        if TH == 2 and ROW_PIPE:
-            for dx in gl.static_range(3):
+            if TH == 2:
                 acc1 = _taps(x_smem, w_smem, acc1, 1, dx)
         if HAS_RES:
             mbarrier.wait(r_bar, 0)
-        if TH == 2 and ROW_PIPE:
-            acc0 = warpgroup_mma_wait(9, deps=[acc0])  # row 1's nine MMAs stay in flight
-            _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
-            acc1 = warpgroup_mma_wait(0, deps=[acc1])
-            _epilogue(acc1, 1, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
-        elif TH == 2:
+        if TH == 2:
             acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
             _epilogue(acc0, 0, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
             _epilogue(acc1, 1, bias, r_smem, o_smem, mma, TH, BLOCK_N, HAS_BIAS, HAS_RES, RELU)
@@ -190,5 +179,5 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     _tile_conv_kernel[(B * tiles_h * tiles_w * (C // block_n),)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, tiles_h, tiles_w,
         HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th, BLOCK_N=block_n,
-        ROW_PIPE=ROW_PIPELINE, num_warps=4, **(pdl or {"PDL": False}),
+        num_warps=4, **(pdl or {"PDL": False}),
     )
