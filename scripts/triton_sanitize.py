@@ -1,7 +1,8 @@
 """Launch the Triton and Gluon kernels (tensor-core conv incl. its TMA, row-streaming, small-tile and upsample variants, fused head with its
 Triton and Hopper g kernels, norm+SiLU window)
 on small odd shapes with every optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error
-vs each PyTorch twin. `--head-only`: just the head kernels; `--conv-only`: just the convs."""
+vs each PyTorch twin. `--head-only`: just the head kernels; `--conv-only`: just the convs; `--latency-only`: just
+the latency convs (conv_tile, conv_up: the small_tile configs)."""
 import sys
 
 import torch
@@ -12,6 +13,7 @@ from taesd_fast.kernels import head as hk
 g = torch.Generator(device="cuda").manual_seed(0)
 rnd = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
 rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+LATENCY_ONLY = "--latency-only" in sys.argv
 CONV_CASES = [] if "--head-only" in sys.argv else [
     (64, 64, 19, 21, 1, 1, False), (64, 64, 19, 21, 2, 1, False), (64, 64, 9, 11, 1, 2, False),
     (3, 64, 17, 9, 1, 1, False), (4, 64, 7, 5, 1, 1, True), (64, 3, 5, 33, 1, 1, False),
@@ -28,10 +30,11 @@ for cin, cout, H, W, stride, up, clamp in CONV_CASES:
         ref = conv_tc.conv3x3_tc_ref(x, w, b, r, stride, optional, up, clamp)
         tma_ok = stride == 1 and not clamp and cin >= 16  # the TMA variant's cases (tile_w configs)
         halo_ok = tma_ok and up == 1 and cin == 64 and W >= 64  # the row-streaming kernel's cases (halo_w configs)
-        for cfg in [None] + ([conv_tc.TCConfig(64, 4, 3, tile_w=8),
-                              conv_tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)] if tma_ok else []) + \
-                ([conv_tc.TCConfig(128, 4, 3, tile_w=16, halo_w=64)] if halo_ok else []) + \
-                ([conv_tc.TCConfig(64, 4, 3, small_tile=True)] if tma_ok and cin == cout == 64 else []):
+        small = [conv_tc.TCConfig(64, 4, 3, small_tile=True)] if tma_ok and cin == cout == 64 else []
+        tma = [conv_tc.TCConfig(64, 4, 3, tile_w=8), conv_tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)]
+        halo = [conv_tc.TCConfig(128, 4, 3, tile_w=16, halo_w=64)]
+        cfgs = small if LATENCY_ONLY else [None] + (tma if tma_ok else []) + (halo if halo_ok else []) + small
+        for cfg in cfgs:
             rows_per_program = conv_halo._rows_per_program
             if cfg is not None and cfg.halo_w:  # short row chunks: every program re-reads halo rows at both ends
                 conv_halo._rows_per_program = lambda *a: 2
@@ -42,7 +45,7 @@ for cin, cout, H, W, stride, up, clamp in CONV_CASES:
                   f"rel err {rel(y, ref):.2e}")
 # (T, cache, H, W): odd sizes take the Triton head kernel; H*W multiples of 8 the Gluon one on sm_90 (64x136: more
 # 64-pixel tiles than SMs, so programs walk two tiles and the TMA ring wraps across them).
-HEAD_CASES = [] if "--conv-only" in sys.argv else [(1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40),
+HEAD_CASES = [] if "--conv-only" in sys.argv or LATENCY_ONLY else [(1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40),
                                                    (4, True, 64, 136), (2, True, 12, 20)]
 for t, with_cache, h, w_ in HEAD_CASES:
     c = 256
