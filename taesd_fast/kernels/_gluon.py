@@ -13,5 +13,18 @@ except Exception as e:  # noqa: BLE001  older Triton without Gluon's Hopper API,
     gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
     GLUON_ERROR = f"Gluon (Triton's Hopper API) not importable ({type(e).__name__}: {e})"
 
-__all__ = ["GLUON_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "mbarrier", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait"]
+if gluon is not None:
+
+    @gluon.jit
+    def pdl_wait():
+        """Programmatic dependent launch (conv_tc.pdl_args): wait until the previous kernel's writes are visible,
+        then let the next kernel launch. Everything before this call must not read what the previous kernel
+        writes (the conv kernels load their weights there)."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+else:
+    pdl_wait = None
+
+__all__ = ["GLUON_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "mbarrier", "pdl_wait", "tma",
+           "warpgroup_mma", "warpgroup_mma_wait"]

@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
+                     warpgroup_mma_wait)
 from .conv_tc import _capability
 
 C = 64  # channels in and out
@@ -124,9 +125,7 @@ if gluon is not None:
         for tap in gl.static_range(9):
             tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))
         if PDL:  # see conv_tc.pdl_args: the weights load while the previous kernel drains; activations wait for it
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            pdl_wait()
         for s in gl.static_range(NUM_STAGES):
             _load_row(x_desc, r_desc, x_smem, r_smem, bars.index(s), s, img, r0 - 1 + s, col0, True,
                       HAS_RES, BLOCK_W)

@@ -34,7 +34,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
+                     warpgroup_mma_wait)
 from .conv_halo import _nhwc_desc, _sm_count, device_reason
 
 C = 64  # channels in and out
@@ -125,9 +126,7 @@ if gluon is not None:
         else:
             bias = cols  # unused
         if PDL:  # see conv_tc.pdl_args: activations are read only after the previous kernel's writes are visible
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            pdl_wait()
         for dx in gl.static_range(3):
             mbarrier.expect(bars.index(1 + dx), 4 * 64 * 64 * 2)
             tma.async_copy_global_to_shared(x_desc, [img, y0 - 1, x0 - 1 + dx, 0], bars.index(1 + dx),

@@ -35,7 +35,8 @@ import functools
 from torch import Tensor
 
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
+                     warpgroup_mma_wait)
 from .conv_halo import _nhwc_desc, _sm_count, device_reason
 
 C = 64  # channels in and out
@@ -139,9 +140,7 @@ if gluon is not None:
         else:
             bias = cols  # unused
         if PDL:  # see conv_tc.pdl_args: activations are read only after the previous kernel's writes are visible
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            pdl_wait()
         for dx in gl.static_range(3):  # one row per box: box shapes must be powers of two
             mbarrier.expect(bars.index(1 + dx), (TH + 1) * 64 * 64 * 2)
             for r in gl.static_range(TH + 1):
