@@ -13,7 +13,9 @@ def busy_gpu(us: float = 100.0) -> None:
     """Keep the GPU spinning for ~us before a start event is recorded. After a synchronize the GPU is idle, so the
     start event would fire at once and the timed span would include the CPU's submission of the work (a graph
     launch: tens of us, and more when the host stalls), which inflates small kernels' times."""
-    torch.cuda._sleep(int(us * 2000))  # ~2 GHz clock cycles; the spin length need not be exact
+    spin = getattr(torch.cuda, "_sleep", None)  # a private PyTorch helper: without it, time as before
+    if spin is not None:
+        spin(int(us * 2000))  # ~2 GHz clock cycles; the spin length need not be exact
 
 
 def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
