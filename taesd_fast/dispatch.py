@@ -462,7 +462,7 @@ def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS, g
     for _ in range(reps):
         for c in ok:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            busy_gpu()  # the replay's submission is not timed (it put 3x a 4 us kernel's time into one decision)
+            busy_gpu()  # keeps the replay's submission out of the span (suspected of 18 us timings of 4 us kernels)
             s.record()
             replay[c.name]()
             e.record()

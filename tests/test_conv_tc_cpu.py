@@ -188,6 +188,19 @@ def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
     assert not tc.default_config(4, 64, 1, 1, 32 * 32).small_tile
 
 
+def test_upsample_latency_kernel_rows_fill_one_wave():
+    """conv_up: the fewest low-res rows per program that keep the grid to one wave (2 row parities x strips of 64
+    columns x row tiles); None where even 4 rows need a second wave (the launcher then takes the TMA kernel)."""
+    from taesd_fast.kernels import conv_up
+
+    assert conv_up.rows_per_program(1, 32, 32, 132) == 1  # 64^2 output: 64 programs
+    assert conv_up.rows_per_program(1, 64, 64, 132) == 1  # 128^2: 128 programs
+    assert conv_up.rows_per_program(1, 128, 128, 132) == 4  # 256^2: 128 programs
+    assert conv_up.rows_per_program(1, 100, 64, 132) == 2
+    assert conv_up.rows_per_program(1, 256, 256, 132) is None  # 512^2
+    assert conv_up.rows_per_program(16, 32, 32, 132) is None
+
+
 def test_latency_kernel_tiles_fill_one_wave():
     """Half the channels per program while the programs fill at most half the SMs, two rows where one-row tiles
     would need a second wave."""
@@ -376,15 +389,3 @@ def test_interpreter_really_ran_the_kernel(interpreted):
 if __name__ == "__main__" and "--interpret-cases" in sys.argv:
     _child_main()
 
-
-def test_upsample_latency_kernel_rows_fill_one_wave():
-    """conv_up: the fewest low-res rows per program that keep the grid to one wave (2 row parities x strips of 64
-    columns x row tiles); None where even 4 rows need a second wave (the launcher then takes the TMA kernel)."""
-    from taesd_fast.kernels import conv_up
-
-    assert conv_up.rows_per_program(1, 32, 32, 132) == 1  # 64^2 output: 64 programs
-    assert conv_up.rows_per_program(1, 64, 64, 132) == 1  # 128^2: 128 programs
-    assert conv_up.rows_per_program(1, 128, 128, 132) == 4  # 256^2: 128 programs
-    assert conv_up.rows_per_program(1, 100, 64, 132) == 2
-    assert conv_up.rows_per_program(1, 256, 256, 132) is None  # 512^2
-    assert conv_up.rows_per_program(16, 32, 32, 132) is None

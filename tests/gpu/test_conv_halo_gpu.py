@@ -82,7 +82,7 @@ def _assert_close(y, args):
 
 
 HALO = lambda halo_w: tc.TCConfig(128, 4, 3, tile_w=16, halo_w=halo_w)  # noqa: E731  (TMA where it cannot run)
-SMALL = tc.TCConfig(64, 4, 3, small_tile=True)  # the latency kernel (conv_tile)
+SMALL = tc.TCConfig(64, 4, 3, small_tile=True)  # the latency kernels (conv_tile; conv_up for upsample 2)
 
 
 def _check(B, H, W, bias, residual, relu, config, seed, launches, cout=64, upsample=1):
