@@ -25,7 +25,7 @@ CHAIN = 20
 P = lambda m, w, s, k=0: tc.TCConfig(m, w, s, block_k=k)
 POINTER = [P(64, 4, 3), P(64, 4, 2), P(64, 4, 5), P(64, 4, 9), P(32, 4, 3), P(32, 4, 5), P(32, 4, 9), P(32, 2, 5),
            P(64, 4, 5, 32), P(64, 4, 10, 32), P(128, 4, 3), P(128, 8, 5), P(16, 1, 5), P(16, 1, 9),
-           tc.TCConfig(64, 4, 3, small_tile=True)]  # the latency kernel (64->64 only; elsewhere it falls back)
+           tc.TCConfig(64, 4, 3, small_tile=True)]  # the latency kernels (64->64, upsample, 64->3; else falls back)
 WIDE = [tc.TCConfig(128, 4, 3, tile_w=16, halo_w=128), tc.TCConfig(128, 4, 3, tile_w=16, halo_w=64),
         tc.TCConfig(64, 4, 3, tile_w=16), tc.TCConfig(128, 4, 3, tile_w=16)]
 # name, C_in, C_out, H, W, upsample, residual, relu, pre_clamp
@@ -40,6 +40,7 @@ SHAPES = [
     ("up2 64->64 64->128^2", 64, 64, 64, 64, 2, False, False, False),
     ("up2 64->64 128->256^2", 64, 64, 128, 128, 2, False, False, False),
     ("64->3 256^2 b", 64, 3, 256, 256, 1, False, False, False),
+    ("64->3 128^2 b", 64, 3, 128, 128, 1, False, False, False),
     ("clamp 4->64 32^2 b+relu", 4, 64, 32, 32, 1, False, True, True),
 ]
 

@@ -2,7 +2,7 @@
 Triton and Hopper g kernels, norm+SiLU window)
 on small odd shapes with every optional operand on and off, for compute-sanitizer memcheck/racecheck. Prints the error
 vs each PyTorch twin. `--head-only`: just the head kernels; `--conv-only`: just the convs; `--latency-only`: just
-the latency convs (conv_tile, conv_up: the small_tile configs)."""
+the latency convs (conv_tile, conv_up, conv_narrow: the small_tile configs)."""
 import sys
 
 import torch
@@ -43,6 +43,17 @@ for cin, cout, H, W, stride, up, clamp in CONV_CASES:
             conv_halo._rows_per_program = rows_per_program
             print(f"tc {cfg or 'default'} {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: "
                   f"rel err {rel(y, ref):.2e}")
+# The narrow-output latency kernel (conv_narrow: 64 -> 3 or 7, no residual), bias and ReLU on and off, with 1, 2 and
+# 4 rows per program and rows narrower than the tile.
+for cout, B, H, W in ([] if "--head-only" in sys.argv else [(3, 2, 5, 33), (7, 1, 200, 130), (3, 1, 300, 64)]):
+    for optional in (True, False):
+        x = rnd(B, 64, H, W).half().contiguous(memory_format=torch.channels_last)
+        w = (rnd(cout, 64, 3, 3) / 24).half()
+        b = rnd(cout).half() if optional else None
+        ref = conv_tc.conv3x3_tc_ref(x, w, b, None, 1, optional)
+        y = conv_tc.conv3x3_tc_launch(x, w, b, None, 1, optional, config=conv_tc.TCConfig(64, 4, 3, small_tile=True))
+        torch.cuda.synchronize()
+        print(f"narrow 64->{cout} {B}x{H}x{W} opt={optional}: rel err {rel(y, ref):.2e}")
 # (T, cache, H, W): odd sizes take the Triton head kernel; H*W multiples of 8 the Gluon one on sm_90 (64x136: more
 # 64-pixel tiles than SMs, so programs walk two tiles and the TMA ring wraps across them).
 HEAD_CASES = [] if "--conv-only" in sys.argv or LATENCY_ONLY else [(1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40),

@@ -180,7 +180,9 @@ def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
     assert small.small_tile and small.block_m == 64
     assert not tc.default_config(64, 64, 1, 1, 128 * 128, tma=False).small_tile  # eager: the pointer kernel
     assert not tc.default_config(64, 64, 1, 1, 256 * 256).small_tile  # enough tiles: the row-streaming kernel
-    assert not tc.default_config(64, 3, 1, 1, 32 * 32).small_tile
+    assert tc.default_config(64, 3, 1, 1, 32 * 32).small_tile  # narrow outputs: conv_narrow
+    last = tc.default_config(64, 3, 1, 1, 256 * 256)  # the decoder's last conv at 256^2 B=1: conv_narrow, else halo
+    assert last.small_tile and last.halo_w
     assert tc.default_config(64, 64, 1, 2, 32 * 32).small_tile  # upsample fold: conv_up
     up = tc.default_config(64, 64, 1, 2, 128 * 128)  # 256^2 B=1: conv_up, TMA tiles where it cannot run
     assert up.small_tile and up.tile_w
@@ -199,6 +201,60 @@ def test_upsample_latency_kernel_rows_fill_one_wave():
     assert conv_up.rows_per_program(1, 100, 64, 132) == 2
     assert conv_up.rows_per_program(1, 256, 256, 132) is None  # 512^2
     assert conv_up.rows_per_program(16, 32, 32, 132) is None
+
+
+def test_narrow_latency_kernel_rows_fill_one_wave():
+    """conv_narrow: whole rows (W <= 256) per program, the fewest rows that keep one program per SM with the input
+    rows within the shared-memory budget; None where that cannot be had."""
+    from taesd_fast.kernels import conv_narrow
+
+    assert conv_narrow.rows_per_program(1, 256, 256, 3, 132) == 2  # the decoder's last conv at 256^2: 128 programs
+    assert conv_narrow.rows_per_program(1, 128, 128, 3, 132) == 1
+    assert conv_narrow.rows_per_program(1, 300, 64, 3, 132) == 4
+    assert conv_narrow.rows_per_program(1, 600, 64, 3, 132) is None  # 150 programs of 4 rows
+    assert conv_narrow.rows_per_program(1, 300, 256, 3, 132) == 4  # 6 rows of 32 KB + 16 KB of scratch fit
+    assert conv_narrow.rows_per_program(1, 300, 256, 7, 132) is None  # with N = 32 the scratch is 32 KB: not
+    assert conv_narrow.rows_per_program(16, 256, 256, 3, 132) is None
+    assert [conv_narrow.row_width(w) for w in (1, 40, 64, 65, 200, 256)] == [64, 64, 64, 128, 256, 256]
+    assert [conv_narrow.n_pad(c) for c in (1, 3, 5, 6, 7)] == [16, 16, 16, 32, 32]
+
+
+@pytest.mark.parametrize("c_out", [1, 3, 7])
+def test_narrow_kernel_maths_is_the_conv(c_out):
+    """conv_narrow's formulation, in float64 on the packed weight: per output row, the three dy taps as [W, 64] @
+    [64, N] products (column dx * c_out + o), then column n read from pixel x + dx - 1 (zero outside the row).
+    Must equal the 3x3 conv of the same f16-rounded weight to float64 rounding."""
+    from taesd_fast.kernels import conv_narrow
+
+    gen = torch.Generator().manual_seed(c_out)
+    B, H, W = 2, 5, 9
+    x = torch.randn(B, 64, H, W, generator=gen, dtype=torch.float64)
+    w = torch.randn(c_out, 64, 3, 3, generator=gen).half()
+    wn = conv_narrow.pack(w).double()  # [3 * 64, n_pad]
+    assert wn.shape == (192, conv_narrow.n_pad(c_out))
+    rows = F.pad(x, (0, 0, 1, 1)).permute(0, 2, 3, 1)  # [B, H + 2, W, 64]: the zero rows above and below
+    p = sum(rows[:, dy:dy + H] @ wn[64 * dy:64 * (dy + 1)] for dy in range(3))  # [B, H, W, n_pad]
+    p = F.pad(p, (0, 0, 1, 1))  # pixel -1 and W read zero
+    y = sum(p[:, :, dx:dx + W, dx * c_out:(dx + 1) * c_out] for dx in range(3)).permute(0, 3, 1, 2)
+    ref = F.conv2d(x, w.double(), padding=1)
+    assert torch.allclose(y, ref, rtol=0, atol=1e-10), (y - ref).abs().max()
+
+
+def test_narrow_latency_kernel_says_where_it_does_not_apply():
+    from taesd_fast.kernels import conv_narrow
+
+    x = torch.empty(1, 64, 8, 32, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+
+    def reason(x=x, c_out=3, stride=1, upsample=1, pre_clamp=False, residual=False):
+        return conv_narrow.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
+
+    if conv_narrow._GLUON_ERROR is not None:
+        assert reason() == conv_narrow._GLUON_ERROR
+        return
+    assert "64->8" in reason(c_out=8) and "32->3" in reason(x=x[:, :32])
+    assert all("residual" in reason(**kw) for kw in ({"stride": 2}, {"upsample": 2}, {"residual": True}))
+    assert "W=300" in reason(x=torch.empty(1, 64, 2, 300, dtype=torch.float16))
+    assert "sm_90" in reason()  # everything else fits: this machine has no GPU
 
 
 def test_latency_kernel_tiles_fill_one_wave():

@@ -263,9 +263,10 @@ class TCConfig:
     halo_w > 0: the row-streaming Gluon kernel (conv_halo) with strips of halo_w output columns (64 where W <= 64),
     where it applies (64->64 or 64->3, stride 1, no upsample or pre_clamp, W >= 64, sm_90); elsewhere the TMA or
     pointer kernel as above.
-    small_tile: the latency kernels where they apply (64->64, no pre_clamp, sm_90, grids of one wave): conv_tile
-    (rows of 64 output pixels, weights loaded before the PDL wait, the three shifted input boxes in one round) for
-    stride-1 convs, conv_up for the upsample fold without a residual; elsewhere as above."""
+    small_tile: the latency kernels where they apply (64 input channels, no pre_clamp, sm_90, grids of one wave):
+    conv_tile (rows of 64 output pixels, weights loaded before the PDL wait, the three shifted input boxes in one
+    round) for stride-1 64->64 convs, conv_up for the upsample fold without a residual, conv_narrow for 64->7 or
+    fewer (whole rows, the column taps in N); elsewhere as above."""
 
     block_m: int = 128
     num_warps: int = 4
@@ -284,7 +285,7 @@ class TCConfig:
                 + ("st" if self.small_tile else ""))
 
 
-SMALL_TILE = True  # small 64->64 problems take the latency kernel (conv_tile) in graphs; benchmarks toggle it
+SMALL_TILE = True  # small problems take the latency kernels (conv_tile, conv_up, conv_narrow); benchmarks toggle it
 # Measured best configs, (C_in, C_out, stride, upsample) -> TCConfig; filled from scripts/bench_conv_tc.py output.
 TUNED: dict[tuple, TCConfig] = {}
 _SMS = 132  # H200; only used to avoid launching fewer than ~2 waves of tiles on small problems
@@ -300,9 +301,9 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
     plan = _plan(c_in, c_out, upsample)
     tiles = lambda bm: -(-m_rows // bm) * plan.phases * (plan.n_pad // plan.block_n)
     num_warps = 8 if plan.block_n >= 128 else 4
-    # The latency kernels (conv_tile, conv_up) take small 64->64 problems; the launcher falls back where they
-    # cannot run (e.g. more than one wave of programs).
-    small_tile = SMALL_TILE and tma and c_in == 64 and c_out == 64 and stride == 1
+    # The latency kernels (conv_tile, conv_up, conv_narrow) take small problems with 64 input channels; the
+    # launcher falls back where they cannot run (other channel counts, more than one wave of programs).
+    small_tile = SMALL_TILE and tma and c_in == 64 and stride == 1
     if tiles(128) < 2 * _SMS:  # small problems (B=1 previews): smaller tiles fill the SMs
         return TCConfig(64, num_warps, 2 if plan.flat else 3, small_tile=small_tile)
     if plan.flat:  # a single K step: nothing to pipeline
@@ -313,7 +314,8 @@ def default_config(c_in: int, c_out: int, stride: int, upsample: int, m_rows: in
     # 128^2 0.135 vs 0.20, 1024^2 B=1 0.156 vs 0.23 (run K).
     halo = tma and c_in == 64 and (c_out == 64 or c_out <= 16) and stride == 1 and upsample == 1
     return TCConfig(128, num_warps, 3, tile_w=16 if tma else 0, halo_w=128 if halo else 0,
-                    small_tile=small_tile and upsample == 2)  # conv_up where one wave covers it (256^2 B=1)
+                    # conv_up and conv_narrow (64->3) where one wave covers them (256^2 B=1)
+                    small_tile=small_tile and (upsample == 2 or c_out < 64))
 
 
 def _check_config(cfg: TCConfig, plan: _Plan) -> None:
@@ -488,12 +490,16 @@ def _halo_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: b
 
 def _small_tile_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
                        residual: bool) -> str | None:
-    """Why this call cannot take a latency kernel (conv_tile, or conv_up for the upsample fold; then the
-    row-streaming, TMA or pointer kernel runs), or None."""
+    """Why this call cannot take a latency kernel (conv_tile; conv_up for the upsample fold, conv_narrow for
+    narrow outputs; then the row-streaming, TMA or pointer kernel runs), or None."""
     if upsample == 2:
         from . import conv_up
 
         return conv_up.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
+    if c_out < 64:
+        from . import conv_narrow
+
+        return conv_narrow.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
     from . import conv_tile
 
     return conv_tile.unsupported_reason(x, c_out, stride, upsample, pre_clamp)
@@ -559,6 +565,11 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
             from . import conv_up
 
             conv_up.launch(x, wp, b, out, relu, pdl_args(x))
+        elif small and c_out < 64:
+            from . import conv_narrow
+
+            wn = derived.get(w, ("conv_narrow",), lambda: conv_narrow.pack(w.detach()))
+            conv_narrow.launch(x, wn, b, out, relu, pdl_args(x))
         elif small:
             from . import conv_tile
 

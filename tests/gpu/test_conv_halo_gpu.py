@@ -1,6 +1,6 @@
 """The Gluon convs, reached through conv_tc's launcher: the row-streaming kernel (kernels/conv_halo.py, halo_w
-configs) and the latency kernels for small images (kernels/conv_tile.py, and kernels/conv_up.py for the upsample
-fold; small_tile configs).
+configs) and the latency kernels for small images (kernels/conv_tile.py, kernels/conv_up.py for the upsample fold
+and kernels/conv_narrow.py for 64->3; small_tile configs).
 
 Same bound as test_conv_tc_gpu: rel err vs float64 <= 2x cuDNN's own f16 error on the same inputs, NaN-poisoned
 outputs, fresh random inputs. Every case asserts the kernel under test really ran (a fallback to another kernel
@@ -15,7 +15,7 @@ import itertools
 import pytest
 import torch
 
-from taesd_fast.kernels import conv_halo, conv_tile, conv_up
+from taesd_fast.kernels import conv_halo, conv_narrow, conv_tile, conv_up
 from taesd_fast.kernels import conv_tc as tc
 
 CL = torch.channels_last
@@ -60,6 +60,11 @@ def up_launches(monkeypatch):
     return _count_launches(conv_up, monkeypatch)
 
 
+@pytest.fixture
+def narrow_launches(monkeypatch):
+    return _count_launches(conv_narrow, monkeypatch)
+
+
 def _make(B, H, W, bias, residual, gen, cout=64):
     x = torch.randn(B, 64, H, W, generator=gen, device="cuda").half().contiguous(memory_format=CL)
     w = (torch.randn(cout, 64, 3, 3, generator=gen, device="cuda") / 24).half()
@@ -82,7 +87,7 @@ def _assert_close(y, args):
 
 
 HALO = lambda halo_w: tc.TCConfig(128, 4, 3, tile_w=16, halo_w=halo_w)  # noqa: E731  (TMA where it cannot run)
-SMALL = tc.TCConfig(64, 4, 3, small_tile=True)  # the latency kernels (conv_tile; conv_up for upsample 2)
+SMALL = tc.TCConfig(64, 4, 3, small_tile=True)  # the latency kernels (conv_tile; conv_up, conv_narrow)
 
 
 def _check(B, H, W, bias, residual, relu, config, seed, launches, cout=64, upsample=1):
@@ -246,3 +251,45 @@ def test_upsample_kernel_graph_replays_new_inputs(up_launches, tile_launches):
                                        None, 1, True, config=SMALL)
     _assert_replay_on_new_input_is_eager(run, x, gen)
     assert len(up_launches) == 3 and len(tile_launches) == 3
+
+
+# --------------------------------------------------------------------------- the narrow-output latency kernel
+
+
+@pytest.mark.parametrize("bias,relu", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("B,H,W,cout,rows", [(1, 256, 256, 3, 2), (1, 128, 128, 3, 1), (1, 300, 64, 3, 4),
+                                             (1, 300, 256, 3, 4), (2, 9, 200, 7, 1), (1, 255, 40, 1, 2),
+                                             (3, 5, 129, 5, 1)])
+def test_narrow_kernel(bias, relu, B, H, W, cout, rows, narrow_launches):
+    """The decoder's last conv at 256^2 and 128^2 (B=1), each rows-per-program choice (4 with the most shared memory:
+    6 rows of 256 pixels), a partial last tile (255 rows in pairs), rows narrower than the tile (40 of 64, 129 and 200 of 256 pixels: zero fill, masked stores), 1, 5 and 7
+    output channels (N = 16 and 32)."""
+    assert conv_narrow.rows_per_program(B, H, W, cout, 132) == rows
+    _check(B, H, W, bias, False, relu, SMALL, seed=1000 * rows + W + 4 * int(bias) + 2 * relu,
+           launches=narrow_launches, cout=cout)
+
+
+@pytest.mark.parametrize("B,H,W,cout,residual", [(1, 16, 300, 3, False), (16, 64, 64, 3, False),
+                                                 (1, 16, 64, 3, True), (1, 16, 64, 8, False)])
+def test_narrow_kernel_falls_back_where_it_does_not_apply(B, H, W, cout, residual, narrow_launches):
+    """Rows wider than 256, more than one wave of programs, a residual and 8 output channels take another kernel,
+    with results within the same bound."""
+    gen = torch.Generator(device="cuda").manual_seed(B + H + W + cout)
+    x, w, b, r = _make(B, H, W, True, residual, gen, cout)
+    args = (x, w, b, r, 1, False, 1, False)
+    y = tc.conv3x3_tc_launch(*args, config=SMALL)
+    assert not narrow_launches
+    _assert_close(y, args)
+
+
+def test_narrow_kernel_graph_replays_new_inputs(tile_launches, narrow_launches):
+    """The decoder's end, captured with programmatic dependent launch: a Block conv, then the 64->3 conv reading its
+    output. The replay on new inputs must equal the same launches run eagerly."""
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x, w, b, r = _make(1, 64, 64, True, True, gen)
+    w3 = (torch.randn(3, 64, 3, 3, generator=gen, device="cuda") / 24).half()
+    b3 = torch.randn(3, generator=gen, device="cuda").half()
+    run = lambda: tc.conv3x3_tc_launch(tc.conv3x3_tc_launch(x, w, b, r, 1, True, config=SMALL), w3, b3, None, 1,
+                                       False, config=SMALL)
+    _assert_replay_on_new_input_is_eager(run, x, gen)
+    assert len(tile_launches) == 3 and len(narrow_launches) == 3

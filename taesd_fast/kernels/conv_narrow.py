@@ -1,0 +1,192 @@
+"""The latency variant for narrow outputs: 64 -> C_out <= 7 stride-1 3x3 convs on small B=1 images (Gluon: TMA and
+wgmma from shared memory), i.e. the decoder's last conv (64 -> 3) at up to 256^2.
+
+Why: at 256^2 B=1 that conv took 9.1 us on the row-streaming kernel (timeline, run Y1), for 0.23 GFLOP: each program
+walks 6 input rows one after another, each row as three TMA boxes shifted by dx = -1, 0, +1 columns (~2.4 us of the
+9.1 are the extra boxes, probe run Y2), and its MMAs are N = 16 wide for 3 output channels.
+
+How: the column taps go into N instead of into shifted input boxes. For output row y, with A_j the input row j as a
+[W pixels, 64 channels] tile,
+
+    P[x, dx * C_out + o] = sum_dy (A_{y+dy-1} @ W_dy)[x, dx * C_out + o],   W_dy[c, dx * C_out + o] = w[o, c, dy, dx]
+    y[x, o] = bias[o] + P[x-1, o] + P[x, C_out + o] + P[x+1, 2 * C_out + o]
+
+so each input row is one TMA box of whole image rows (W <= 256, zero filled past W and above/below the image: the
+padding), the three dy taps accumulate in the tensor core (N = 16 for 3 * 3 columns), and the dx shift is a gather
+along the pixel axis of the fp32 accumulator (outside the row it reads zero, the padding). One program owns TH whole
+output rows of one image: TH + 2 boxes, one barrier each, so the first row's MMAs start on the first three boxes.
+
+Predicted (written before it ran; H200): 256^2 B=1, TH = 2 (128 programs): 4 boxes of 32 KB from L2 per SM (~1-1.5
+us with the launch link), 96 wgmmas of 64x16x16 (~0.4-0.8 us, shared-memory bound), gather and stores ~0.5 us:
+~3-4 us per conv (from 9.1), the decode ~-5 us.
+
+Covers C_in = 64, C_out <= 7 (3 * C_out columns in N = 16 or 32), stride 1, no upsample,
+residual or pre_clamp, W <= 256, sm_90 with Gluon, grids of one program per SM. conv_tc does the checks and the
+epilogue semantics (bias, ReLU); this module packs its own weight (`pack`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ._gluon import GLUON_ERROR as _GLUON_ERROR
+from ._gluon import TensorDescriptor, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma, warpgroup_mma_wait
+from .conv_halo import _nhwc_desc, _sm_count, device_reason
+
+C = 64  # input channels
+MAX_C_OUT = 7  # 3 * C_out columns fit one wgmma of N = 32
+MAX_W = 256  # one TMA box spans a whole row (box dimensions are at most 256)
+SMEM = 220 * 1024  # shared memory per program (one per SM): input rows, weights, the gather's fp32 scratch
+# Output rows per program at most; 0 turns the kernel off (A/B runs: scripts/flag_ab.py conv_narrow.MAX_ROWS=0,4).
+MAX_ROWS = 4
+
+
+def n_pad(c_out: int) -> int:
+    """wgmma N for 3 * c_out columns (dx, o): 16 or 32."""
+    return 16 if 3 * c_out <= 16 else 32
+
+
+def row_width(W: int) -> int:
+    """Pixels per row tile (the wgmma M and the TMA box width): W rounded up to a power of two, at least 64."""
+    return max(64, 1 << (W - 1).bit_length())
+
+
+def rows_per_program(B: int, H: int, W: int, c_out: int, sms: int) -> int | None:
+    """Output rows per program: the fewest that keep the grid to one wave of one program per SM (the decode's convs
+    are a chain; a second wave would double this conv's latency) within SMEM, or None."""
+    bw, n = row_width(W), n_pad(c_out)
+    for th in (1, 2, 4):
+        smem = (th + 2) * bw * C * 2 + 3 * C * n * 2 + bw * n * 4
+        if th <= MAX_ROWS and smem <= SMEM and B * -(-H // th) <= sms:
+            return th
+    return None
+
+
+def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
+                       residual: bool) -> str | None:
+    """Why conv_tc's launcher cannot hand this call to the narrow kernel (it then takes another), or None."""
+    if _GLUON_ERROR is not None:
+        return _GLUON_ERROR
+    if x.shape[1] != C or c_out > MAX_C_OUT:
+        return f"{x.shape[1]}->{c_out} channels (the narrow kernel does {C}->{MAX_C_OUT} or fewer)"
+    if stride != 1 or upsample != 1 or pre_clamp or residual:
+        return "stride 2, the upsample fold, pre_clamp or a residual (the narrow kernel does plain stride-1 convs)"
+    if x.shape[3] > MAX_W:
+        return f"W={x.shape[3]} (> {MAX_W}: the narrow kernel loads whole rows as one TMA box)"
+    reason = device_reason(x)
+    if reason is None and rows_per_program(x.shape[0], x.shape[2], x.shape[3], c_out, _sm_count(x.device)) is None:
+        reason = f"{tuple(x.shape)} needs more than one program per SM (a latency kernel for small images)"
+    return reason
+
+
+def pack(w: Tensor) -> Tensor:
+    """[C_out, 64, 3, 3] -> f16 [3 * 64, n_pad]: row dy * 64 + c, column dx * C_out + o (zero padded)."""
+    c_out = w.shape[0]
+    wt = w.float().permute(2, 1, 3, 0).reshape(3 * C, 3 * c_out)  # [dy, c, dx, o]
+    return torch.nn.functional.pad(wt, (0, n_pad(c_out) - 3 * c_out)).to(torch.float16).contiguous()
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _row_mmas(x_smem, w_smem, bars, acc, r: gl.constexpr, BW: gl.constexpr):
+        # Output row r of the tile: tap row dy reads input box r + dy. Each box is waited on by the first row that
+        # reads it (a completed barrier stays completed for the same phase, so a second wait returns at once).
+        for dy in gl.static_range(3):
+            mbarrier.wait(bars.index(1 + r + dy), 0)
+            acc = warpgroup_mma(x_smem.index(r + dy).reshape([BW, 64]), w_smem.index(dy), acc, is_async=True)
+        return acc
+
+    @gluon.jit
+    def _store_row(acc, bias, y_ptr, img, row, H, W, mma: gl.constexpr, C_OUT: gl.constexpr,
+                   HAS_BIAS: gl.constexpr, RELU: gl.constexpr, BW: gl.constexpr):
+        # y[x, o] = bias[o] + sum_dx P[x + dx - 1, dx * C_OUT + o]: column n gathers from pixel x + n // C_OUT - 1
+        # (zero outside the row: the padding). The bias rides on the dx = 1 columns (loaded before the PDL wait).
+        px = gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
+        n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
+        src = px[:, None] + (n // C_OUT - 1)[None, :]
+        inside = (src >= 0) & (src < BW) & (n < 3 * C_OUT)[None, :]
+        shifted = gl.gather(acc, gl.minimum(gl.maximum(src, 0), BW - 1), 0)
+        shifted = gl.where(inside, shifted, 0.0)
+        if HAS_BIAS:
+            shifted = shifted + bias[None, :]
+        base = ((img * H + row).to(gl.int64) * W + px) * C_OUT
+        ok = (px < W) & (row < H)
+        for o in gl.static_range(C_OUT):
+            out = gl.sum(gl.where((n % C_OUT == o)[None, :], shifted, 0.0), axis=1)
+            if RELU:
+                out = gl.maximum(out, 0.0)
+            gl.store(y_ptr + base + o, out.to(gl.float16), mask=ok)
+
+    @gluon.jit
+    def _narrow_conv_kernel(x_desc, w_desc, b_ptr, y_ptr, H, W, TILES_H, C_OUT: gl.constexpr, N_PAD: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, RELU: gl.constexpr, TH: gl.constexpr, BW: gl.constexpr,
+                            PDL: gl.constexpr):
+        img = gl.program_id(0) // TILES_H
+        y0 = (gl.program_id(0) % TILES_H) * TH
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, N_PAD, 16])
+        x_smem = gl.allocate_shared_memory(gl.float16, [TH + 2, 1, 1, BW, 64], x_desc.layout)  # rows y0-1 .. y0+TH
+        w_smem = gl.allocate_shared_memory(gl.float16, [3, 64, N_PAD], w_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [TH + 3, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(TH + 3):
+            mbarrier.init(bars.index(i), count=1)
+        w_bar = bars.index(0)
+
+        # Weights first: the previous kernel does not write them, so they load while it drains.
+        mbarrier.expect(w_bar, 3 * 64 * N_PAD * 2)
+        for dy in gl.static_range(3):
+            tma.async_copy_global_to_shared(w_desc, [dy * 64, 0], w_bar, w_smem.index(dy))
+        # The bias on the dx = 1 columns (n = C_OUT + o), which every output pixel reads from inside its row.
+        n = gl.arange(0, N_PAD, layout=gl.SliceLayout(0, mma))
+        is_bias = (n >= C_OUT) & (n < 2 * C_OUT)
+        if HAS_BIAS:
+            bias = gl.load(b_ptr + (n - C_OUT), mask=is_bias, other=0.0).to(gl.float32)
+        else:
+            bias = n  # unused
+        if PDL:  # see conv_tc.pdl_args: activations are read only after the previous kernel's writes are visible
+            pdl_wait()
+        for j in gl.static_range(TH + 2):
+            mbarrier.expect(bars.index(1 + j), BW * 64 * 2)
+            tma.async_copy_global_to_shared(x_desc, [img, y0 - 1 + j, 0, 0], bars.index(1 + j), x_smem.index(j))
+
+        zero = gl.zeros([BW, N_PAD], gl.float32, mma)
+        mbarrier.wait(w_bar, 0)
+        acc = _row_mmas(x_smem, w_smem, bars, zero, 0, BW)
+        for r in gl.static_range(1, TH):
+            # Row r's MMAs go in before row r - 1's epilogue, which then overlaps them.
+            nxt = _row_mmas(x_smem, w_smem, bars, zero, r, BW)
+            # The operands among the deps: else the gather's scratch may be placed over them while MMAs read them.
+            acc, _, _ = warpgroup_mma_wait(3, deps=[acc, x_smem, w_smem])
+            _store_row(acc, bias, y_ptr, img, y0 + r - 1, H, W, mma, C_OUT, HAS_BIAS, RELU, BW)
+            acc = nxt
+        acc, _, _ = warpgroup_mma_wait(0, deps=[acc, x_smem, w_smem])
+        _store_row(acc, bias, y_ptr, img, y0 + TH - 1, H, W, mma, C_OUT, HAS_BIAS, RELU, BW)
+        for i in gl.static_range(TH + 3):
+            mbarrier.invalidate(bars.index(i))
+
+
+@functools.cache
+def _layout(rank: int):
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=rank)
+
+
+def launch(x: Tensor, wn: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl: dict | None = None) -> None:
+    """x: channels_last f16 [B, 64, H, W]; out: channels_last f16 [B, C_out, H, W]; wn: `pack`'s weight;
+    pdl: conv_tc.pdl_args(x)."""
+    B, _, H, W = x.shape
+    c_out = out.shape[1]
+    th, bw = rows_per_program(B, H, W, c_out, _sm_count(x.device)), row_width(W)
+    x_desc = _nhwc_desc(x, [1, 1, bw, C], _layout(4))
+    w_desc = TensorDescriptor.from_tensor(wn, [C, wn.shape[1]],
+                                          gl.NVMMASharedLayout.get_default_for([C, wn.shape[1]], gl.float16))
+    tiles_h = -(-H // th)
+    _narrow_conv_kernel[(B * tiles_h,)](
+        x_desc, w_desc, b if b is not None else wn, out, H, W, tiles_h,
+        C_OUT=c_out, N_PAD=wn.shape[1], HAS_BIAS=b is not None, RELU=bool(relu), TH=th, BW=bw,
+        num_warps=4, **(pdl or {"PDL": False}),
+    )
