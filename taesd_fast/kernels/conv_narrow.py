@@ -103,14 +103,18 @@ if gluon is not None:
     @gluon.jit
     def _store_row(acc, bias, y_ptr, img, row, H, W, mma: gl.constexpr, C_OUT: gl.constexpr,
                    HAS_BIAS: gl.constexpr, RELU: gl.constexpr, BW: gl.constexpr):
-        # y[x, o] = bias[o] + sum_dx P[x + dx - 1, dx * C_OUT + o]: column n gathers from pixel x + n // C_OUT - 1
-        # (zero outside the row: the padding). The bias rides on the dx = 1 columns (loaded before the PDL wait).
+        # y[x, o] = bias[o] + sum_dx P[x + dx - 1, dx * C_OUT + o]: columns dx * C_OUT .. gather from pixel
+        # x + dx - 1 (zero outside the row: the padding). One gather per dx, each with one source pixel per row: a
+        # single gather whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6,
+        # H200, run Z4). The bias rides on the dx = 1 columns (loaded before the PDL wait).
         px = gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
         n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
-        src = px[:, None] + (n // C_OUT - 1)[None, :]
-        inside = (src >= 0) & (src < BW) & (n < 3 * C_OUT)[None, :]
-        shifted = gl.gather(acc, gl.minimum(gl.maximum(src, 0), BW - 1), 0)
-        shifted = gl.where(inside, shifted, 0.0)
+        shifted = gl.zeros_like(acc)
+        for dx in gl.static_range(3):
+            src = px + (dx - 1)
+            rows = gl.zeros_like(acc).to(gl.int32) + gl.minimum(gl.maximum(src, 0), BW - 1)[:, None]
+            use = ((src >= 0) & (src < BW))[:, None] & ((n // C_OUT == dx) & (n < 3 * C_OUT))[None, :]
+            shifted = gl.where(use, gl.gather(acc, rows, 0), shifted)
         if HAS_BIAS:
             shifted = shifted + bias[None, :]
         base = ((img * H + row).to(gl.int64) * W + px) * C_OUT

@@ -508,11 +508,13 @@ def _small_tile_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
 PDL = True  # launch with programmatic dependent launch where the GPU has it (sm_90+); benchmarks toggle it
 
 
-def pdl_args(x: Tensor) -> dict:
+def pdl_args(x: Tensor, packed_now: list | None = None) -> dict:
     """Launch arguments for programmatic dependent launch: on sm_90+, each conv kernel may start while the one before
     it drains (every conv kernel waits for its predecessor's writes before it reads an activation). Saves part of
-    each launch gap when many small kernels run back to back, as in a B=1 decode replayed from a CUDA graph."""
-    if PDL and x.is_cuda and not _interpreting() and _capability(x.device) >= 9:
+    each launch gap when many small kernels run back to back, as in a B=1 decode replayed from a CUDA graph.
+    Off when the weight was packed in this call (packed_now non-empty): the Gluon kernels load their weights before
+    the wait, and the packing kernel right before them writes those weights."""
+    if PDL and not packed_now and x.is_cuda and not _interpreting() and _capability(x.device) >= 9:
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}
 
@@ -545,8 +547,15 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     _check_config(cfg, plan)
     x = _as_nhwc(x)
     residual = None if residual is None else _as_nhwc(residual)
+    # Set when a kernel in this call writes the weight or bias (packing, a copy): the launch then goes without PDL
+    # (see pdl_args).
+    packed_now = [] if b is None or b.is_contiguous() else ["bias copy"]
     b = None if b is None else b.contiguous()
-    wp = derived.get(w, ("conv_tc", upsample, plan), lambda: pack_weight(w.detach(), upsample, plan))
+
+    def packed(tag, build):
+        return derived.get(w, tag, lambda: packed_now.append(tag) or build())
+
+    wp = packed(("conv_tc", upsample, plan), lambda: pack_weight(w.detach(), upsample, plan))
     if out is None:
         out = _new_out(out_shape, x)
     elif tuple(out.shape) != out_shape or not out.is_contiguous(memory_format=torch.channels_last):
@@ -564,24 +573,24 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
         if small and upsample == 2:
             from . import conv_up
 
-            conv_up.launch(x, wp, b, out, relu, pdl_args(x))
+            conv_up.launch(x, wp, b, out, relu, pdl_args(x, packed_now))
         elif small and c_out < 64:
             from . import conv_narrow
 
-            wn = derived.get(w, ("conv_narrow",), lambda: conv_narrow.pack(w.detach()))
-            conv_narrow.launch(x, wn, b, out, relu, pdl_args(x))
+            wn = packed(("conv_narrow",), lambda: conv_narrow.pack(w.detach()))
+            conv_narrow.launch(x, wn, b, out, relu, pdl_args(x, packed_now))
         elif small:
             from . import conv_tile
 
-            conv_tile.launch(x, wp, b, residual, out, relu, pdl_args(x))
+            conv_tile.launch(x, wp, b, residual, out, relu, pdl_args(x, packed_now))
         elif halo:
             from . import conv_halo
 
-            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w, pdl_args(x))
+            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w, pdl_args(x, packed_now))
         elif tma:
             from . import conv_tc_tma
 
-            conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg, pdl_args(x))
+            conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg, pdl_args(x, packed_now))
         else:
             _conv3x3_tc_kernel[grid](
                 x, wp, b if b is not None else wp, residual if residual is not None else out, out,
@@ -590,7 +599,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
                 KS=plan.ks, STRIDE=stride, UPSAMPLE=upsample == 2, FLAT=plan.flat,
                 HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), PRE_CLAMP=bool(pre_clamp),
                 BLOCK_M=cfg.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, CACHE_A=cfg.cache_a,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now),
             )
     _launched.add((str(x.device), _compile_key(x.shape, w.shape, stride, upsample, pre_clamp, b is not None,
                                                residual is not None, relu, cfg)))
