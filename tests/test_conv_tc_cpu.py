@@ -204,17 +204,17 @@ def test_upsample_latency_kernel_rows_fill_one_wave():
 
 
 def test_narrow_latency_kernel_rows_fill_one_wave():
-    """conv_narrow: whole rows (W <= 256) per program, the fewest rows that keep one program per SM with the input
-    rows within the shared-memory budget; None where that cannot be had."""
+    """conv_narrow: whole rows (W <= 256) per program, the fewest rows that keep the grid to one wave (one program
+    per SM) within the shared-memory budget; None where that cannot be had."""
     from taesd_fast.kernels import conv_narrow
 
     assert conv_narrow.rows_per_program(1, 256, 256, 3, 132) == 2  # the decoder's last conv at 256^2: 128 programs
     assert conv_narrow.rows_per_program(1, 128, 128, 3, 132) == 1
     assert conv_narrow.rows_per_program(1, 300, 64, 3, 132) == 4
     assert conv_narrow.rows_per_program(1, 600, 64, 3, 132) is None  # 150 programs of 4 rows
-    assert conv_narrow.rows_per_program(1, 300, 256, 3, 132) == 4  # 6 rows of 32 KB + 16 KB of scratch fit
-    assert conv_narrow.rows_per_program(1, 300, 256, 7, 132) is None  # with N = 32 the scratch is 32 KB: not
+    assert conv_narrow.rows_per_program(1, 300, 256, 7, 132) == 4  # 6 rows of 32 KB (+ weights, scratch) fit
     assert conv_narrow.rows_per_program(16, 256, 256, 3, 132) is None
+    assert conv_narrow.rows_per_program(1, 256, 256, 3, 60) is None  # even 4-row programs (64) exceed 60 SMs
     assert [conv_narrow.row_width(w) for w in (1, 40, 64, 65, 200, 256)] == [64, 64, 64, 128, 256, 256]
     assert [conv_narrow.n_pad(c) for c in (1, 3, 5, 6, 7)] == [16, 16, 16, 32, 32]
 

@@ -12,13 +12,18 @@ How: the column taps go into N instead of into shifted input boxes. For output r
     y[x, o] = bias[o] + P[x-1, o] + P[x, C_out + o] + P[x+1, 2 * C_out + o]
 
 so each input row is one TMA box of whole image rows (W <= 256, zero filled past W and above/below the image: the
-padding), the three dy taps accumulate in the tensor core (N = 16 for 3 * 3 columns), and the dx shift is a gather
-along the pixel axis of the fp32 accumulator (outside the row it reads zero, the padding). One program owns TH whole
-output rows of one image: TH + 2 boxes, one barrier each, so the first row's MMAs start on the first three boxes.
+padding) and the three dy taps accumulate in the tensor core (N = 16 for 3 * 3 columns). The epilogue sums each
+needed column out of the fp32 accumulator into a [W] vector and shifts the dx = 0 and dx = 2 vectors by one pixel
+with a gather (zero outside the row: the padding). One program owns TH whole output rows of one image: TH + 2
+boxes, one barrier each, so the first row's MMAs start on the first three boxes.
 
 Predicted (written before it ran; H200): 256^2 B=1, TH = 2 (128 programs): 4 boxes of 32 KB from L2 per SM (~1-1.5
 us with the launch link), 96 wgmmas of 64x16x16 (~0.4-0.8 us, shared-memory bound), gather and stores ~0.5 us:
-~3-4 us per conv (from 9.1), the decode ~-5 us.
+~3-4 us per conv (from 9.1), the decode ~-5 us. Measured (BENCHMARKS.md, runs Z1-Z9; us per conv in a chain of 20
+launches, the row-streaming kernel in brackets): 256^2 5.66 (9.85), 128^2 3.11 (6.24); the decode 256^2 B=1
+0.1526/0.1549 -> 0.1507/0.1511 ms (run Z8). Gathering the whole [W, 16] accumulator instead cost 0.7 us more per
+gather (6.84 us per conv with one gather per dx), and a single such gather whose source pixel varied along the
+columns gave wrong values for some shapes (Triton 3.6: 128-pixel rows with 3 outputs and a bias, run Z2-Z5).
 
 Covers C_in = 64, C_out <= 7 (3 * C_out columns in N = 16 or 32), stride 1, no upsample,
 residual or pre_clamp, W <= 256, sm_90 with Gluon, grids of one program per SM. conv_tc does the checks and the
@@ -39,9 +44,14 @@ from .conv_halo import _nhwc_desc, _sm_count, device_reason
 C = 64  # input channels
 MAX_C_OUT = 7  # 3 * C_out columns fit one wgmma of N = 32
 MAX_W = 256  # one TMA box spans a whole row (box dimensions are at most 256)
-SMEM = 220 * 1024  # shared memory per program (one per SM): input rows, weights, the gather's fp32 scratch
+SM_SMEM = 228 * 1024  # shared memory of one SM (H100/H200); each resident program also takes 1 KB for the system
+SMEM = 220 * 1024  # at most per program: input rows, weights, the gathers' scratch
 # Output rows per program at most; 0 turns the kernel off (A/B runs: scripts/flag_ab.py conv_narrow.MAX_ROWS=0,4).
 MAX_ROWS = 4
+# Resident programs per SM the grid may count on where shared memory allows. 2 (one-row programs at 256^2) was
+# slower: 6.18 vs 5.66 us per conv, decode 0.152 vs 0.149 ms (run Z9, flag_ab.py conv_narrow.PER_SM=1,2).
+PER_SM = 1
+WARPS = 4  # warps per program at most: one warpgroup per 64 pixels of the row (A/B: flag_ab.py conv_narrow.WARPS=4,16)
 
 
 def n_pad(c_out: int) -> int:
@@ -55,12 +65,14 @@ def row_width(W: int) -> int:
 
 
 def rows_per_program(B: int, H: int, W: int, c_out: int, sms: int) -> int | None:
-    """Output rows per program: the fewest that keep the grid to one wave of one program per SM (the decode's convs
-    are a chain; a second wave would double this conv's latency) within SMEM, or None."""
+    """Output rows per program: the fewest that keep the grid to one wave (the decode's convs are a chain; a second
+    wave would double this conv's latency), counting the programs that fit an SM's shared memory (up to PER_SM),
+    or None."""
     bw, n = row_width(W), n_pad(c_out)
     for th in (1, 2, 4):
-        smem = (th + 2) * bw * C * 2 + 3 * C * n * 2 + bw * n * 4
-        if th <= MAX_ROWS and smem <= SMEM and B * -(-H // th) <= sms:
+        smem = (th + 2) * bw * C * 2 + 3 * C * n * 2 + bw * 4
+        per_sm = min(PER_SM, SM_SMEM // (smem + 1024))
+        if th <= MAX_ROWS and smem <= SMEM and B * -(-H // th) <= per_sm * sms:
             return th
     return None
 
@@ -103,24 +115,24 @@ if gluon is not None:
     @gluon.jit
     def _store_row(acc, bias, y_ptr, img, row, H, W, mma: gl.constexpr, C_OUT: gl.constexpr,
                    HAS_BIAS: gl.constexpr, RELU: gl.constexpr, BW: gl.constexpr):
-        # y[x, o] = bias[o] + sum_dx P[x + dx - 1, dx * C_OUT + o]: columns dx * C_OUT .. gather from pixel
-        # x + dx - 1 (zero outside the row: the padding). One gather per dx, each with one source pixel per row: a
-        # single gather whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6,
-        # H200, run Z4). The bias rides on the dx = 1 columns (loaded before the PDL wait).
+        # y[x, o] = bias[o] + P[x-1, o] + P[x, C_OUT + o] + P[x+1, 2 * C_OUT + o]. Each column is first summed out
+        # of the accumulator ([BW] vectors), then the dx = 0 and dx = 2 vectors are shifted by one pixel with a
+        # gather (zero outside the row: the padding). Gathers of the whole [BW, N] accumulator cost ~0.7 us each, and
+        # one whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6, runs Z2-Z5).
         px = gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
         n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
-        shifted = gl.zeros_like(acc)
-        for dx in gl.static_range(3):
-            src = px + (dx - 1)
-            rows = gl.zeros_like(acc).to(gl.int32) + gl.minimum(gl.maximum(src, 0), BW - 1)[:, None]
-            use = ((src >= 0) & (src < BW))[:, None] & ((n // C_OUT == dx) & (n < 3 * C_OUT))[None, :]
-            shifted = gl.where(use, gl.gather(acc, rows, 0), shifted)
-        if HAS_BIAS:
-            shifted = shifted + bias[None, :]
         base = ((img * H + row).to(gl.int64) * W + px) * C_OUT
         ok = (px < W) & (row < H)
+        left = gl.maximum(px - 1, 0)
+        right = gl.minimum(px + 1, BW - 1)
         for o in gl.static_range(C_OUT):
-            out = gl.sum(gl.where((n % C_OUT == o)[None, :], shifted, 0.0), axis=1)
+            out = gl.sum(gl.where((n == C_OUT + o)[None, :], acc, 0.0), axis=1)
+            if HAS_BIAS:
+                out = out + gl.sum(gl.where(n == C_OUT + o, bias, 0.0), axis=0)
+            p0 = gl.sum(gl.where((n == o)[None, :], acc, 0.0), axis=1)
+            p2 = gl.sum(gl.where((n == 2 * C_OUT + o)[None, :], acc, 0.0), axis=1)
+            out += gl.where(px > 0, gl.gather(p0, left, 0), 0.0)
+            out += gl.where(px < BW - 1, gl.gather(p2, right, 0), 0.0)
             if RELU:
                 out = gl.maximum(out, 0.0)
             gl.store(y_ptr + base + o, out.to(gl.float16), mask=ok)
@@ -145,7 +157,7 @@ if gluon is not None:
         mbarrier.expect(w_bar, 3 * 64 * N_PAD * 2)
         for dy in gl.static_range(3):
             tma.async_copy_global_to_shared(w_desc, [dy * 64, 0], w_bar, w_smem.index(dy))
-        # The bias on the dx = 1 columns (n = C_OUT + o), which every output pixel reads from inside its row.
+        # The bias at columns C_OUT + o (where _store_row picks it up), loaded while the previous kernel drains.
         n = gl.arange(0, N_PAD, layout=gl.SliceLayout(0, mma))
         is_bias = (n >= C_OUT) & (n < 2 * C_OUT)
         if HAS_BIAS:
@@ -192,5 +204,5 @@ def launch(x: Tensor, wn: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl
     _narrow_conv_kernel[(B * tiles_h,)](
         x_desc, w_desc, b if b is not None else wn, out, H, W, tiles_h,
         C_OUT=c_out, N_PAD=wn.shape[1], HAS_BIAS=b is not None, RELU=bool(relu), TH=th, BW=bw,
-        num_warps=4, **(pdl or {"PDL": False}),
+        num_warps=min(WARPS, bw // 16), **(pdl or {"PDL": False}),
     )
