@@ -293,3 +293,20 @@ def test_narrow_kernel_graph_replays_new_inputs(tile_launches, narrow_launches):
                                        False, config=SMALL)
     _assert_replay_on_new_input_is_eager(run, x, gen)
     assert len(tile_launches) == 3 and len(narrow_launches) == 3
+
+
+def test_launch_after_packing_its_weight_goes_without_pdl(monkeypatch):
+    """The Gluon convs load their weights before griddepcontrol.wait, so the call whose packing kernel just wrote
+    them must launch without programmatic dependent launch; later calls (weight cached) launch with it."""
+    seen = []
+    real = conv_narrow.launch
+    monkeypatch.setattr(conv_narrow, "launch", lambda *a, **k: seen.append(a[-1]) or real(*a, **k))
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    x, w, b, _ = _make(1, 16, 64, True, False, gen, 3)
+    args = (x, w, b, None, 1, False, 1, False)
+    y_first = tc.conv3x3_tc_launch(*args, config=SMALL)
+    y_cached = tc.conv3x3_tc_launch(*args, config=SMALL)
+    assert seen[0] == {"PDL": False}, seen[0]
+    assert seen[1].get("PDL") is (tc.PDL and torch.cuda.get_device_capability()[0] >= 9), seen[1]
+    assert torch.equal(y_first, y_cached)
+    _assert_close(y_cached, args)
