@@ -44,13 +44,9 @@ from .conv_halo import _nhwc_desc, _sm_count, device_reason
 C = 64  # input channels
 MAX_C_OUT = 7  # 3 * C_out columns fit one wgmma of N = 32
 MAX_W = 256  # one TMA box spans a whole row (box dimensions are at most 256)
-SM_SMEM = 228 * 1024  # shared memory of one SM (H100/H200); each resident program also takes 1 KB for the system
 SMEM = 220 * 1024  # at most per program: input rows, weights, the gathers' scratch
 # Output rows per program at most; 0 turns the kernel off (A/B runs: scripts/flag_ab.py conv_narrow.MAX_ROWS=0,4).
 MAX_ROWS = 4
-# Resident programs per SM the grid may count on where shared memory allows. 2 (one-row programs at 256^2) was
-# slower: 6.18 vs 5.66 us per conv, decode 0.152 vs 0.149 ms (run Z9, flag_ab.py conv_narrow.PER_SM=1,2).
-PER_SM = 1
 WARPS = 4  # warps per program at most: one warpgroup per 64 pixels of the row (A/B: flag_ab.py conv_narrow.WARPS=4,16)
 
 
@@ -65,14 +61,13 @@ def row_width(W: int) -> int:
 
 
 def rows_per_program(B: int, H: int, W: int, c_out: int, sms: int) -> int | None:
-    """Output rows per program: the fewest that keep the grid to one wave (the decode's convs are a chain; a second
-    wave would double this conv's latency), counting the programs that fit an SM's shared memory (up to PER_SM),
-    or None."""
+    """Output rows per program: the fewest that keep the grid to one program per SM (the decode's convs are a chain;
+    a second wave would double this conv's latency) within SMEM, or None. Counting two one-row programs per SM
+    where they fit (256^2) was slower: 6.18 vs 5.66 us per conv, decode 0.152 vs 0.149 ms (run Z9)."""
     bw, n = row_width(W), n_pad(c_out)
     for th in (1, 2, 4):
         smem = (th + 2) * bw * C * 2 + 3 * C * n * 2 + bw * 4
-        per_sm = min(PER_SM, SM_SMEM // (smem + 1024))
-        if th <= MAX_ROWS and smem <= SMEM and B * -(-H // th) <= per_sm * sms:
+        if th <= MAX_ROWS and smem <= SMEM and B * -(-H // th) <= sms:
             return th
     return None
 
