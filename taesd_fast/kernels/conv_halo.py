@@ -64,12 +64,21 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
 
 
 def device_reason(x: Tensor) -> str | None:
-    """Why the Gluon convs (this one and conv_tile) cannot run on x's device and address, or None."""
+    """Why the Gluon convs cannot run on x's device and address, or None."""
     if not x.is_cuda or _capability(x.device) != 9:
         return "needs an sm_90 GPU (wgmma)"
     if x.data_ptr() % 16:
         return "x is not 16-byte aligned (TMA)"
     return None
+
+
+def one_wave_reason(x: Tensor, rows_per_program) -> str | None:
+    """device_reason, then why a latency kernel's grid would not fit one wave: rows_per_program(sms) is its search
+    for rows per program on x's GPU, None where none fits."""
+    reason = device_reason(x)
+    if reason is None and rows_per_program(_sm_count(x.device)) is None:
+        reason = f"{tuple(x.shape)} needs more than one program per SM (a latency kernel for small images)"
+    return reason
 
 
 if gluon is not None:

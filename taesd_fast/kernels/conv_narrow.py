@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
 from ._gluon import TensorDescriptor, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma, warpgroup_mma_wait
-from .conv_halo import _nhwc_desc, _sm_count, device_reason
+from .conv_halo import _nhwc_desc, _sm_count, one_wave_reason
 
 C = 64  # input channels
 MAX_C_OUT = 7  # 3 * C_out columns fit one wgmma of N = 32
@@ -83,10 +83,7 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
         return "stride 2, the upsample fold, pre_clamp or a residual (the narrow kernel does plain stride-1 convs)"
     if x.shape[3] > MAX_W:
         return f"W={x.shape[3]} (> {MAX_W}: the narrow kernel loads whole rows as one TMA box)"
-    reason = device_reason(x)
-    if reason is None and rows_per_program(x.shape[0], x.shape[2], x.shape[3], c_out, _sm_count(x.device)) is None:
-        reason = f"{tuple(x.shape)} needs more than one program per SM (a latency kernel for small images)"
-    return reason
+    return one_wave_reason(x, lambda sms: rows_per_program(x.shape[0], x.shape[2], x.shape[3], c_out, sms))
 
 
 def pack(w: Tensor) -> Tensor:

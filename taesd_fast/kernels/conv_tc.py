@@ -551,11 +551,6 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     # (see pdl_args).
     packed_now = [] if b is None or b.is_contiguous() else ["bias copy"]
     b = None if b is None else b.contiguous()
-
-    def packed(tag, build):
-        return derived.get(w, tag, lambda: packed_now.append(tag) or build())
-
-    wp = packed(("conv_tc", upsample, plan), lambda: pack_weight(w.detach(), upsample, plan))
     if out is None:
         out = _new_out(out_shape, x)
     elif tuple(out.shape) != out_shape or not out.is_contiguous(memory_format=torch.channels_last):
@@ -567,30 +562,36 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
     halo = (not small and cfg.halo_w
             and _halo_reason(x, c_out, stride, upsample, pre_clamp, residual is not None) is None)
     tma = not small and not halo and cfg.tile_w and _tma_reason(x, c_in, stride, pre_clamp, plan, cfg) is None
+    narrow = small and c_out < 64
+    if narrow:  # conv_narrow packs the weight its own way
+        from . import conv_narrow
+
+        tag, build = ("conv_narrow",), lambda: conv_narrow.pack(w.detach())
+    else:
+        tag, build = ("conv_tc", upsample, plan), lambda: pack_weight(w.detach(), upsample, plan)
+    wp = derived.get(w, tag, lambda: packed_now.append(tag) or build())
+    pdl = pdl_args(x, packed_now)
     # Launch on x's device (current stream); entering a device context costs CPU time, so only when it differs.
     other_device = x.is_cuda and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if other_device else contextlib.nullcontext():
         if small and upsample == 2:
             from . import conv_up
 
-            conv_up.launch(x, wp, b, out, relu, pdl_args(x, packed_now))
-        elif small and c_out < 64:
-            from . import conv_narrow
-
-            wn = packed(("conv_narrow",), lambda: conv_narrow.pack(w.detach()))
-            conv_narrow.launch(x, wn, b, out, relu, pdl_args(x, packed_now))
+            conv_up.launch(x, wp, b, out, relu, pdl)
+        elif narrow:
+            conv_narrow.launch(x, wp, b, out, relu, pdl)
         elif small:
             from . import conv_tile
 
-            conv_tile.launch(x, wp, b, residual, out, relu, pdl_args(x, packed_now))
+            conv_tile.launch(x, wp, b, residual, out, relu, pdl)
         elif halo:
             from . import conv_halo
 
-            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w, pdl_args(x, packed_now))
+            conv_halo.launch(x, wp, b, residual, out, relu, cfg.halo_w, pdl)
         elif tma:
             from . import conv_tc_tma
 
-            conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg, pdl_args(x, packed_now))
+            conv_tc_tma.launch(x, wp, b, residual, out, relu, upsample, plan, cfg, pdl)
         else:
             _conv3x3_tc_kernel[grid](
                 x, wp, b if b is not None else wp, residual if residual is not None else out, out,
@@ -599,7 +600,7 @@ def conv3x3_tc_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor |
                 KS=plan.ks, STRIDE=stride, UPSAMPLE=upsample == 2, FLAT=plan.flat,
                 HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), PRE_CLAMP=bool(pre_clamp),
                 BLOCK_M=cfg.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, CACHE_A=cfg.cache_a,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
             )
     _launched.add((str(x.device), _compile_key(x.shape, w.shape, stride, upsample, pre_clamp, b is not None,
                                                residual is not None, relu, cfg)))

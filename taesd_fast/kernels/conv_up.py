@@ -37,7 +37,7 @@ from torch import Tensor
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
 from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
                      warpgroup_mma_wait)
-from .conv_halo import _nhwc_desc, _sm_count, device_reason
+from .conv_halo import _nhwc_desc, _sm_count, one_wave_reason
 
 C = 64  # channels in and out
 TW = 64  # low-res columns per program: one wgmma's M
@@ -67,10 +67,7 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
         return f"{x.shape[1]}->{c_out} channels (the upsample kernel does {C}->{C})"
     if x.shape[3] < 16:
         return f"W={x.shape[3]} (< 16: 64-pixel tile rows would be mostly padding)"
-    reason = device_reason(x)
-    if reason is None and rows_per_program(x.shape[0], x.shape[2], x.shape[3], _sm_count(x.device)) is None:
-        reason = f"{tuple(x.shape)} needs more than one program per SM (a latency kernel for small images)"
-    return reason
+    return one_wave_reason(x, lambda sms: rows_per_program(x.shape[0], x.shape[2], x.shape[3], sms))
 
 
 if gluon is not None:
