@@ -43,9 +43,10 @@ for cin, cout, H, W, stride, up, clamp in CONV_CASES:
             conv_halo._rows_per_program = rows_per_program
             print(f"tc {cfg or 'default'} {cin}->{cout} s{stride} up{up} clamp={clamp} {H}x{W} opt={optional}: "
                   f"rel err {rel(y, ref):.2e}")
-# The narrow-output latency kernel (conv_narrow: 64 -> 3 or 7, no residual), bias and ReLU on and off, with 1, 2 and
-# 4 rows per program and rows narrower than the tile.
-for cout, B, H, W in ([] if "--head-only" in sys.argv else [(3, 2, 5, 33), (7, 1, 200, 130), (3, 1, 300, 64)]):
+# The narrow-output latency kernel (conv_narrow: 64 -> 3, 4 or 7, no residual), bias and ReLU on and off, with 1, 2
+# and 4 rows per program and rows narrower than the tile (the last: the encoder's 64->4 at 32^2, B=16).
+for cout, B, H, W in ([] if "--head-only" in sys.argv else [(3, 2, 5, 33), (7, 1, 200, 130), (3, 1, 300, 64),
+                                                              (4, 16, 32, 32)]):
     for optional in (True, False):
         x = rnd(B, 64, H, W).half().contiguous(memory_format=torch.channels_last)
         w = (rnd(cout, 64, 3, 3) / 24).half()

@@ -259,11 +259,12 @@ def test_upsample_kernel_graph_replays_new_inputs(up_launches, tile_launches):
 @pytest.mark.parametrize("bias,relu", list(itertools.product([False, True], repeat=2)))
 @pytest.mark.parametrize("B,H,W,cout,rows", [(1, 256, 256, 3, 2), (1, 128, 128, 3, 1), (1, 300, 64, 3, 4),
                                              (1, 300, 256, 3, 4), (2, 9, 200, 7, 1), (1, 255, 40, 1, 2),
-                                             (3, 5, 129, 5, 1)])
+                                             (3, 5, 129, 5, 1), (16, 32, 32, 4, 4)])
 def test_narrow_kernel(bias, relu, B, H, W, cout, rows, narrow_launches):
-    """The decoder's last conv at 256^2 and 128^2 (B=1), each rows-per-program choice (4 with the most shared
-    memory: 6 rows of 256 pixels), a partial last tile (255 rows in pairs), rows narrower than the tile (40 of 64,
-    129 and 200 of 256 pixels: zero fill, masked stores), 1, 5 and 7 output channels (N = 16 and 32)."""
+    """The decoder's last conv at 256^2 and 128^2 (B=1), the encoder's last (64->4 at 32^2, B=16: 32 of 64 pixels
+    per row, 128 four-row programs), each rows-per-program choice (4 with the most shared memory: 6 rows of 256
+    pixels), a partial last tile (255 rows in pairs), rows narrower than the tile (40 of 64, 129 and 200 of 256
+    pixels: zero fill, masked stores), 1, 4, 5 and 7 output channels (N = 16 and 32)."""
     assert conv_narrow.rows_per_program(B, H, W, cout, 132) == rows
     _check(B, H, W, bias, False, relu, SMALL, seed=1000 * rows + W + 4 * int(bias) + 2 * relu,
            launches=narrow_launches, cout=cout)
