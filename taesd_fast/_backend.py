@@ -72,6 +72,7 @@ def _cuda() -> ctypes.CDLL:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p] * 4
         _libs["cuda"] = lib
     return _libs["cuda"]
 
@@ -156,9 +157,14 @@ def _compile(src: str, name: str, arch: str, cubin: bool, opts: list[str]) -> by
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+# Sources that use an architecture's accelerated features (wgmma, setmaxnreg: sm_90a) and so compile for exactly
+# that architecture; they run only there.
+ARCH_SPECIFIC = {"conv_row_sm90.cu": 90}
+
+
 def _binary(source_name: str, defines: dict[str, int], cc: int) -> bytes:
     """Compiled image for (source, defines, device arch), via the on-disk cache."""
-    arch, cubin = _target(cc)
+    arch, cubin = (f"sm_{cc}a", True) if ARCH_SPECIFIC.get(source_name) == cc else _target(cc)
     opts = list(_OPTIONS) + [f"-D{k}={int(v)}" for k, v in sorted(defines.items())]
     src = _read_source(source_name)
     key = hashlib.sha256("\0".join([src, arch, _nvrtc_version(), *opts]).encode()).hexdigest()[:32]
@@ -194,6 +200,38 @@ def _ensure_context(index: int) -> None:
     _check_cu(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[int], swizzle: bool = True) -> ctypes.Array:
+    """A TMA descriptor (CUtensorMap, 128 bytes) over f16 tensor t's memory: dims innermost first, strides in
+    elements for dims 1.., box in elements; 128-byte swizzle (or none), zero fill out of bounds."""
+    lib = _cuda()
+    rank = len(dims)
+    raw = (ctypes.c_ubyte * 192)()  # CUtensorMap is 64-byte aligned: carve an aligned 128 bytes out of this
+    desc = (ctypes.c_ubyte * 128).from_address(-(-ctypes.addressof(raw) // 64) * 64)
+    desc._keep = raw
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    rc = lib.cuTensorMapEncodeTiled(
+        ctypes.byref(desc), 6, rank, ctypes.c_void_p(t.data_ptr()),  # 6: CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        (u64 * rank)(*dims), (u64 * max(1, rank - 1))(*[s * t.element_size() for s in strides]),
+        (u32 * rank)(*box), (u32 * rank)(*([1] * rank)),
+        0, 3 if swizzle else 0, 2, 0)  # no interleave, 128-byte swizzle or none, L2 promotion 128 B, zero fill
+    _check_cu(rc, f"cuTensorMapEncodeTiled(dims={dims}, box={box})")
+    return desc
+
+
 class Kernel:
     """A loaded CUDA function. Call as kernel(grid, block, args, smem=0, stream=None).
 
@@ -218,7 +256,7 @@ class Kernel:
             _check_cu(_cuda().cuFuncSetAttribute(self.func, 8, nbytes), f"set smem {nbytes} for {self.name}")
             self._smem_limit = nbytes
 
-    def __call__(self, grid, block, args, smem: int = 0, stream=None) -> None:
+    def __call__(self, grid, block, args, smem: int = 0, stream=None, pdl: bool = False) -> None:
         keep = []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -231,8 +269,8 @@ class Kernel:
                 keep.append(ctypes.c_int32(int(a)))
             elif isinstance(a, float):
                 keep.append(ctypes.c_float(a))
-            elif isinstance(a, ctypes._SimpleCData):
-                keep.append(a)
+            elif isinstance(a, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure)):
+                keep.append(a)  # by value (a struct: e.g. a TMA descriptor for a __grid_constant__ parameter)
             else:
                 raise TypeError(f"{self.name}: unsupported kernel argument type {type(a).__name__}")
         params = (ctypes.c_void_p * max(1, len(keep)))(*[ctypes.cast(ctypes.byref(k), ctypes.c_void_p) for k in keep])
@@ -241,8 +279,14 @@ class Kernel:
         self._allow_smem(smem)
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
-        rc = _cuda().cuLaunchKernel(self.func, *g, *b, smem, ctypes.c_void_p(stream.cuda_stream),
-                                    ctypes.cast(params, ctypes.c_void_p), None)
+        if pdl:  # programmatic dependent launch: may start while the previous kernel in the stream drains
+            attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1
+            config = _LaunchConfig(*g, *b, smem, stream.cuda_stream, ctypes.pointer(attr), 1)
+            rc = _cuda().cuLaunchKernelEx(ctypes.byref(config), self.func, ctypes.cast(params, ctypes.c_void_p), None)
+        else:
+            rc = _cuda().cuLaunchKernel(self.func, *g, *b, smem, ctypes.c_void_p(stream.cuda_stream),
+                                        ctypes.cast(params, ctypes.c_void_p), None)
         _check_cu(rc, f"launch {self.name} grid={g} block={b} smem={smem}")
 
 

@@ -37,6 +37,7 @@ from torch import Tensor
 from ._gluon import GLUON_ERROR as _GLUON_ERROR
 from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
                      warpgroup_mma_wait)
+from . import conv_row
 from .conv_tc import _capability
 
 C = 64  # channels in and out
@@ -285,6 +286,13 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
         # One warpgroup: at W <= 64 a wider strip would be half padding; narrow outputs (64->3) are memory-bound,
         # and twice the programs hide more latency (256^2 B=64: 0.202 vs 0.258 ms, BENCHMARKS.md run L).
         block_w = 64
+    strips = -(-W // block_w)
+    per_sm = NARROW_PER_SM if n_pad < C else 1
+    rows = _rows_per_program(B, H, strips, _sm_count(x.device) * per_sm)
+    chunks = -(-H // rows)
+    if c_out == C and block_w == conv_row.STRIP and conv_row.reason(x, rows, B * chunks * strips, _sm_count(x.device)) is None:
+        conv_row.launch(x, wp, b, residual, out, relu, rows, bool(pdl and pdl["PDL"]))
+        return
     act_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     box = [1, 1, block_w, C]
     x_desc = _nhwc_desc(x, box, act_layout)
@@ -292,10 +300,6 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     r_desc = _nhwc_desc(residual, box, act_layout) if residual is not None else x_desc
     w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, n_pad), [C, n_pad],
                                           gl.NVMMASharedLayout.get_default_for([C, n_pad], gl.float16))
-    strips = -(-W // block_w)
-    per_sm = NARROW_PER_SM if n_pad < C else 1
-    rows = _rows_per_program(B, H, strips, _sm_count(x.device) * per_sm)
-    chunks = -(-H // rows)
     _halo_conv_kernel[(B * chunks * strips,)](
         x_desc, w_desc, r_desc, y_desc, b if b is not None else wp, out, H, W, rows, chunks, strips,
         C_OUT=c_out, N_PAD=n_pad, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),

@@ -15,7 +15,7 @@ import itertools
 import pytest
 import torch
 
-from taesd_fast.kernels import conv_halo, conv_narrow, conv_tile, conv_up
+from taesd_fast.kernels import conv_halo, conv_narrow, conv_row, conv_tile, conv_up
 from taesd_fast.kernels import conv_tc as tc
 
 CL = torch.channels_last
@@ -48,6 +48,11 @@ def _count_launches(module, monkeypatch) -> list:
 @pytest.fixture
 def launches(monkeypatch):
     return _count_launches(conv_halo, monkeypatch)
+
+
+@pytest.fixture
+def row_launches(monkeypatch):
+    return _count_launches(conv_row, monkeypatch)
 
 
 @pytest.fixture
@@ -311,3 +316,46 @@ def test_launch_after_packing_its_weight_goes_without_pdl(monkeypatch):
     assert seen[1].get("PDL") is (tc.PDL and torch.cuda.get_device_capability()[0] >= 9), seen[1]
     assert torch.equal(y_first, y_cached)
     _assert_close(y_cached, args)
+
+
+# --------------------------------------------------------------------------- the CUDA row kernel (conv_row)
+
+
+@pytest.mark.parametrize("B,H,W,rows,bias,residual,relu", [
+    (1, 256, 256, None, True, True, True),  # the decoder's 256^2 Block conv at B=1: 4-row runs, 128 programs
+    (1, 128, 128, None, True, False, True),  # 1-row runs
+    (2, 37, 77, 4, True, True, False),  # a partial strip (77 of 128 columns) and a partial last run
+    (3, 5, 300, 2, False, True, True),  # three strips, the last partial; a run past the image's last row
+    (1, 9, 130, 3, False, False, False)])  # 2 columns in the second strip
+def test_row_kernel_matches_the_gluon_kernel(B, H, W, rows, bias, residual, relu, row_launches, monkeypatch):
+    """conv_halo hands short row runs in one wave to the CUDA kernel (conv_row): within the bound with NaN-poisoned
+    outputs, and bitwise equal to the Gluon kernel it replaces (the same products in the same order)."""
+    if rows is not None:
+        monkeypatch.setattr(conv_halo, "_rows_per_program", lambda *a: rows)
+    gen = torch.Generator(device="cuda").manual_seed(B * 100 + H + W)
+    x, w, b, r = _make(B, H, W, bias, residual, gen)
+    args = (x, w, b, r, 1, relu, 1, False)
+    y = tc.conv3x3_tc_launch(*args, config=HALO(128))
+    assert len(row_launches) == 1, "the CUDA row kernel did not run"
+    _assert_close(y, args)
+    monkeypatch.setattr(conv_row, "MAX_ROWS", 0)  # now the Gluon kernel
+    y_gluon = tc.conv3x3_tc_launch(*args, config=HALO(128))
+    assert len(row_launches) == 1 and torch.equal(y, y_gluon)
+
+
+def test_row_kernel_leaves_long_runs_to_the_gluon_kernel(launches, row_launches):
+    """512^2 B=1 runs 16 rows per program, where the Gluon kernel is faster (conv_row's docstring)."""
+    _check(1, 512, 512, True, False, True, HALO(128), seed=512, launches=launches)
+    assert not row_launches
+
+
+def test_row_kernel_graph_replays_new_inputs(row_launches):
+    """Captured after a conv that writes its input, with programmatic dependent launch, as in a decode: the replay on
+    new inputs equals the same launches run eagerly."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    x, w, b, r = _make(1, 64, 256, True, True, gen)
+    w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
+    run = lambda: tc.conv3x3_tc_launch(tc.conv3x3_tc_launch(x, w, b, None, 1, True, config=HALO(128)), w2, b, r, 1,
+                                       True, config=HALO(128))
+    _assert_replay_on_new_input_is_eager(run, x, gen)
+    assert len(row_launches) == 6

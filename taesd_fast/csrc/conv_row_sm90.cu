@@ -1,0 +1,265 @@
+// Row-streaming 64->64 3x3 conv for Hopper (sm_90a): TMA + asynchronous wgmma, one input box per row.
+//
+// The same schedule as kernels/conv_halo.py (one program owns a strip of 128 output columns and a run of ROWS
+// rows; it walks down the input rows, each feeding three output rows through three fp32 accumulators), written in
+// CUDA C++ for one thing Gluon cannot express: the three dx taps of an input row are three views of ONE shared
+// memory copy of the row, starting 0, 1 and 2 pixels into it. The row is kept without swizzle, channel-chunk major
+// ([8 chunks of 8 channels][130 px][16 bytes]), wgmma's canonical layout, in which an operand may start at any
+// pixel. (With the TMA's 128-byte swizzle it cannot: sm_90's wgmma takes the swizzle phase from the descriptor's
+// start row and ignored the descriptor's base-offset field: measured, run BB2.) So each row is 8 TMA loads of 130 pixels
+// x 8 channels, 16.6 KB, instead of three dx-shifted boxes of 128 pixels, 48 KB.
+//
+// Shared memory (dynamic, 1024-byte aligned): weights [9 taps][64 c_out][64 c_in] (72 KB, K-major, loaded once),
+// STAGES input rows [8][130 px][8 c] (17 KB each), STAGES residual boxes [128 px][64 c], one output box, barriers.
+// The weight, residual and output boxes use the TMA's 128-byte swizzle: 16-byte chunk k of 128-byte row r sits at
+// chunk k ^ (r % 8).
+// 256 threads: two warpgroups, each owning 64 of the strip's 128 output pixels. Thread 0 issues every TMA.
+
+#define STAGES 3
+#define BOX_W 130                                     // 128 output pixels + one halo pixel on each side
+#define W_BYTES (9 * 64 * 64 * 2)
+#define X_CHUNK_BYTES ((BOX_W * 16 + 127) / 128 * 128)  // one 8-channel chunk of the row (TMA writes at 128 B)
+#define X_STAGE_BYTES (((BOX_W * 128) + 1023) / 1024 * 1024)
+#define R_STAGE_BYTES (128 * 128)
+#define SMEM_BYTES (W_BYTES + STAGES * (X_STAGE_BYTES + R_STAGE_BYTES) + 128 * 128 + 64)
+
+struct alignas(64) TmaMap { unsigned long long opaque[16]; };  // CUtensorMap, passed by value
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, u32 bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::
+          "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap* map, u32 bar, int c, int x, int y, int n) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];" ::"r"(dst), "l"(map), "r"(bar), "r"(c), "r"(x), "r"(y), "r"(n)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const TmaMap* map, u32 src, int c, int x, int y, int n) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(map),
+               "r"(src), "r"(c), "r"(x), "r"(y), "r"(n)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// wgmma descriptor of a K-major operand in a 128-byte-swizzled box (the weights): rows of 128 bytes, 8-row groups
+// 1024 bytes apart, starting at a 1024-byte boundary.
+__device__ __forceinline__ unsigned long long desc(u32 addr) {
+  return (unsigned long long)((addr >> 4) & 0x3FFF) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+// ... of a K-major operand without swizzle in the chunk-major row (the activations): 8 x 16-byte core matrices;
+// the leading-dimension offset steps along K (the next 8 channels, X_CHUNK_BYTES on), the stride offset along M
+// (the next 8 pixels, 128 bytes on). Any 16-byte-aligned start is valid.
+__device__ __forceinline__ unsigned long long desc_rows(u32 addr) {
+  return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(X_CHUNK_BYTES >> 4) << 16) |
+         ((unsigned long long)(128 >> 4) << 32);
+}
+
+// acc (+)= A[64 px, 16 c] x B[16 c, 64 c_out]; scale_d = 0 overwrites acc.
+__device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+__device__ __forceinline__ void mma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void mma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void mma_wait(float (&a)[32], float (&b)[32], float (&c)[32]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+  // Tie the accumulators to the wait so the compiler reads them only after it.
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(a[i]), "+f"(b[i]), "+f"(c[i])::"memory");
+}
+
+// One input row's nine taps into the accumulators they feed: tap (dy, dx) of row j goes to output row j + 1 - dy.
+// Row `done` (dy = 2) is issued as its own group, so it can be drained while the other two run.
+__device__ __forceinline__ void row_mmas(float (&done)[32], float (&cur)[32], float (&next)[32], u32 x_box,
+                                         u32 w_base, bool has_done, bool has_cur, bool has_next) {
+  mma_fence();
+  if (has_done) {
+#pragma unroll
+    for (int dx = 0; dx < 3; ++dx)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        mma(done, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + (6 + dx) * 8192 + k * 32), 1);
+  }
+  mma_commit();
+  if (has_cur && has_next) {
+#pragma unroll
+    for (int dx = 0; dx < 3; ++dx)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        mma(cur, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + (3 + dx) * 8192 + k * 32), 1);
+        mma(next, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + dx * 8192 + k * 32), dx + k > 0);
+      }
+  } else if (has_cur) {
+#pragma unroll
+    for (int dx = 0; dx < 3; ++dx)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mma(cur, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + (3 + dx) * 8192 + k * 32), 1);
+  } else if (has_next) {
+#pragma unroll
+    for (int dx = 0; dx < 3; ++dx)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        mma(next, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + dx * 8192 + k * 32), dx + k > 0);
+  }
+  mma_commit();
+}
+
+struct Run {
+  const TmaMap *x_map, *r_map, *y_map;
+  const u16* bias;
+  u32 w_base, x_base, r_base, o_base, bars;
+  int img, r0, r_end, col0, steps, has_res, relu;
+};
+
+__device__ __forceinline__ void load_row(const Run& run, int i) {
+  // Step i's input row r0 - 1 + i (one box from column col0 - 1) and, with a residual, output row r0 - 2 + i's.
+  int stage = i % STAGES;
+  u32 bar = run.bars + 8 * stage;
+  mbar_expect_tx(bar, BOX_W * 128 + (run.has_res ? 128 * 128 : 0));
+  for (int k = 0; k < 8; ++k)  // chunk k: channels 8k .. 8k+7 of the row's 130 pixels
+    tma_load_4d(run.x_base + stage * X_STAGE_BYTES + k * X_CHUNK_BYTES, run.x_map, bar, 8 * k, run.col0 - 1,
+                run.r0 - 1 + i, run.img);
+  if (run.has_res)
+    tma_load_4d(run.r_base + stage * R_STAGE_BYTES, run.r_map, bar, 0, run.col0, run.r0 - 2 + i, run.img);
+}
+
+// Output row `row` from acc: bias, residual, ReLU, f16; through the output box and a TMA store (which clips
+// columns past the image).
+__device__ __forceinline__ void store_row(const Run& run, const float (&acc)[32], int row, int stage) {
+  int t = threadIdx.x, lane = t % 32, warp = t / 32;  // warp 0-7: pixels 16 * warp .. + 15 of the strip
+  if (t == 0) tma_store_wait_read();                   // the previous row's store has left the output box
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int px = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8) {
+      int col = n8 * 8 + 2 * (lane % 4);
+      u32 off = px * 128 + ((n8 ^ (px % 8)) * 16) + (lane % 4) * 4;
+      float v0 = acc[4 * n8 + 2 * half], v1 = acc[4 * n8 + 2 * half + 1];
+      if (run.bias) {
+        v0 += h2f(ldg_u16(run.bias + col));
+        v1 += h2f(ldg_u16(run.bias + col + 1));
+      }
+      if (run.has_res) {
+        u32 r;
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(run.r_base + stage * R_STAGE_BYTES + off));
+        v0 += h2f((u16)(r & 0xFFFF));
+        v1 += h2f((u16)(r >> 16));
+      }
+      if (run.relu) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+      }
+      u32 packed = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(run.o_base + off), "r"(packed) : "memory");
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (t == 0) tma_store_4d(run.y_map, run.o_base, 0, run.col0, row, run.img);
+}
+
+template <int K>
+__device__ __forceinline__ void step(const Run& run, int i, float (&acc)[3][32]) {
+  // Step i = 3g + K reads input row j = r0 - 1 + i. Output row r lives in acc[(r - r0 + 1) % 3]: row j+1 (its
+  // first taps) in acc[(K+1)%3], row j in acc[K], row j-1 (completed here) in acc[(K+2)%3].
+  float(&next)[32] = acc[(K + 1) % 3];
+  float(&cur)[32] = acc[K];
+  float(&done)[32] = acc[(K + 2) % 3];
+  int stage = i % STAGES, row_done = run.r0 - 2 + i;
+  mbar_wait(run.bars + 8 * stage, (i / STAGES) & 1);
+  // Only the MMAs for rows this run stores (a run's first two and last steps skip the others).
+  bool has_done = i >= 2 && row_done < run.r_end, has_cur = i >= 1 && row_done + 1 < run.r_end;
+  bool has_next = row_done + 2 < run.r_end;
+  int wg = threadIdx.x / 128;  // warpgroup: pixels 64 * wg .. + 63 of the strip
+  row_mmas(done, cur, next, run.x_base + stage * X_STAGE_BYTES + wg * 64 * 16, run.w_base, has_done, has_cur,
+           has_next);
+  mma_wait<1>(done, cur, next);
+  if (has_done) store_row(run, done, row_done, stage);
+  mma_wait<0>(done, cur, next);
+  __syncthreads();  // every MMA and residual read of this stage is done: refill it
+  if (threadIdx.x == 0 && i + STAGES < run.steps) load_row(run, i + STAGES);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    conv_row_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
+                  const __grid_constant__ TmaMap r_map, const __grid_constant__ TmaMap y_map, const u16* bias,
+                  int H, int rows, int chunks, int strips, int has_res, int relu, int pdl) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle pattern repeats every 1024 bytes
+  Run run;
+  run.x_map = &x_map;
+  run.r_map = &r_map;
+  run.y_map = &y_map;
+  run.bias = bias;
+  run.w_base = base;
+  run.x_base = base + W_BYTES;
+  run.r_base = run.x_base + STAGES * X_STAGE_BYTES;
+  run.o_base = run.r_base + STAGES * R_STAGE_BYTES;
+  run.bars = run.o_base + 128 * 128;
+  int pid = blockIdx.x, strip = pid % strips, t = pid / strips;
+  run.img = t / chunks;
+  run.r0 = (t % chunks) * rows;
+  run.r_end = min(run.r0 + rows, H);
+  run.col0 = strip * 128;
+  run.has_res = has_res;
+  run.relu = relu;
+  // Input rows r0-1 .. r_end, rounded up to whole groups of three steps (the accumulators rotate with period 3).
+  int n_groups = (run.r_end - run.r0 + 4) / 3;
+  run.steps = 3 * n_groups;
+
+  u32 w_bar = run.bars + 8 * STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s <= STAGES; ++s) mbar_init(run.bars + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
+    mbar_expect_tx(w_bar, W_BYTES);
+    for (int tap = 0; tap < 9; ++tap) tma_load_2d(run.w_base + tap * 8192, &w_map, w_bar, 0, tap * 64);
+  }
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  if (threadIdx.x == 0)
+    for (int s = 0; s < STAGES && s < run.steps; ++s) load_row(run, s);
+  __syncthreads();
+  float acc[3][32];
+  mbar_wait(w_bar, 0);
+  for (int g = 0; g < n_groups; ++g) {
+    step<0>(run, 3 * g + 0, acc);
+    step<1>(run, 3 * g + 1, acc);
+    step<2>(run, 3 * g + 2, acc);
+  }
+  if (threadIdx.x == 0) tma_store_wait_read();
+}
