@@ -214,7 +214,8 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("num_attrs", ctypes.c_uint)]
 
 
-def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[int], swizzle: bool = True) -> ctypes.Array:
+def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[int],
+               swizzle: bool = True) -> ctypes.Array:
     """A TMA descriptor (CUtensorMap, 128 bytes) over f16 tensor t's memory: dims innermost first, strides in
     elements for dims 1.., box in elements; 128-byte swizzle (or none), zero fill out of bounds."""
     lib = _cuda()
@@ -233,10 +234,13 @@ def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[i
 
 
 class Kernel:
-    """A loaded CUDA function. Call as kernel(grid, block, args, smem=0, stream=None).
+    """A loaded CUDA function. Call as kernel(grid, block, args, smem=0, stream=None, pdl=False); pdl=True launches
+    with programmatic dependent launch (the kernel then must run griddepcontrol.wait before reading what the
+    previous kernel writes).
 
     args: tensors / None -> device pointers; Python int -> int32 (range-checked); Python float ->
-    float32; ctypes scalars pass through unchanged (use ctypes.c_int64 etc. for other widths).
+    float32; ctypes scalars pass through unchanged (use ctypes.c_int64 etc. for other widths), ctypes arrays and
+    structures by value (a `tensor_map` for a __grid_constant__ CUtensorMap parameter).
     Launches on torch.cuda.current_stream() of the kernel's device; never synchronizes.
     """
 

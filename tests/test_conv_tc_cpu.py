@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast.kernels import conv_tc as tc
-from taesd_fast.kernels import conv_halo, conv_tile, conv_tc_tma
+from taesd_fast.kernels import conv_halo, conv_row, conv_tile, conv_tc_tma
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
@@ -303,6 +303,15 @@ def test_row_streaming_programs_fill_the_gpu(B, H, strips):
     assert programs <= 132 or rows <= 8  # one wave, unless chunks would get so short that halo rows dominate
     if B * strips >= 132:
         assert rows == H  # the GPU is full with whole columns: no chunk re-reads halo rows
+
+
+def test_row_kernel_takes_only_short_runs_in_one_wave():
+    """conv_halo hands a 64->64 call to the CUDA row kernel only for runs of up to conv_row.MAX_ROWS rows in one
+    wave of programs (where it measured faster); elsewhere the reason names the run and grid."""
+    x = torch.empty(1, 64, 256, 256, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert "16 rows per program" in conv_row.reason(x, 16, 128, 132)  # 512^2 B=1
+    assert "264 programs" in conv_row.reason(x, 4, 264, 132)  # two waves
+    assert conv_row.reason(x, 4, 128, 132) is not None  # 256^2 B=1 fits the rule; no GPU here: NVRTC's reason
 
 
 def test_tma_variant_says_where_it_does_not_apply():

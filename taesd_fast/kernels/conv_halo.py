@@ -21,6 +21,9 @@ Predicted (written before it ran; H200): MMA-bound at N=64, 70-80% of the 689 TF
 A run's first two and last steps skip the MMAs whose rows lie outside the run (the halo rows above it, the rows past
 its end): a third of the MMAs at 4 rows per program (B=1 at 256^2), 16.3 -> 14.8 us per conv (run W5).
 
+At B=1 (short row runs in one wave of programs) launch hands 64->64 calls to kernels/conv_row.py, the same schedule
+in CUDA C++ with one shared-memory copy per input row, which is faster there (its docstring has the figures).
+
 Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
 stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. conv_tc does the checks, the weight packing
 (rows tap * 64 + c_in) and the epilogue semantics. With programmatic dependent launch (conv_tc.pdl_args) the weights
