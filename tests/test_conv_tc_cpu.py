@@ -314,6 +314,15 @@ def test_row_kernel_takes_only_short_runs_in_one_wave():
     assert conv_row.reason(x, 4, 128, 132) is not None  # 256^2 B=1 fits the rule; no GPU here: NVRTC's reason
 
 
+def test_row_kernel_failure_falls_back_with_one_warning(monkeypatch):
+    """A compile or launch failure is remembered: a warning naming it, then every call's reason is that failure."""
+    monkeypatch.setattr(conv_row, "_failure", [])
+    x = torch.empty(1, 64, 256, 256, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    with pytest.warns(RuntimeWarning, match="NVRTC could not compile"):
+        conv_row.give_up(RuntimeError("NVRTC could not compile conv_row_sm90.cu for sm_90a"))
+    assert "NVRTC could not compile" in conv_row.reason(x, 4, 128, 132)
+
+
 def test_tma_variant_says_where_it_does_not_apply():
     """The launcher falls back to the pointer kernel for these; each reason names the limit."""
     cpu = torch.device("cpu")

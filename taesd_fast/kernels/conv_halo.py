@@ -293,9 +293,13 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     per_sm = NARROW_PER_SM if n_pad < C else 1
     rows = _rows_per_program(B, H, strips, _sm_count(x.device) * per_sm)
     chunks = -(-H // rows)
-    if c_out == C and block_w == conv_row.STRIP and conv_row.reason(x, rows, B * chunks * strips, _sm_count(x.device)) is None:
-        conv_row.launch(x, wp, b, residual, out, relu, rows, bool(pdl and pdl["PDL"]))
-        return
+    if c_out == C and block_w == conv_row.STRIP and conv_row.reason(x, rows, B * chunks * strips,
+                                                                    _sm_count(x.device)) is None:
+        try:
+            conv_row.launch(x, wp, b, residual, out, relu, rows, bool(pdl and pdl["PDL"]))
+            return
+        except RuntimeError as e:  # NVRTC or the driver refused it (nothing was launched): the Gluon kernel instead
+            conv_row.give_up(e)
     act_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     box = [1, 1, block_w, C]
     x_desc = _nhwc_desc(x, box, act_layout)

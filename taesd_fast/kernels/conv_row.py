@@ -10,6 +10,8 @@ a residual 14.76 -> 13.65, without 12.52 -> 12.33, 128^2 B=1 8.12 -> 6.33; slowe
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -22,12 +24,22 @@ SMEM = 73728 + 3 * (17408 + 16384) + 16384 + 64 + 1024  # the kernel's SMEM_BYTE
 
 
 MAX_ROWS = 4  # rows per program up to which it beats the Gluon kernel (4 at 256^2 B=1; 16 at 512^2 loses)
+_failure: list[str] = []  # why it could not compile or launch in this process, once it could not
+
+
+def give_up(error: Exception) -> None:
+    """Called when compiling or launching failed: every later call takes the Gluon kernel, with one warning."""
+    _failure.append(f"{type(error).__name__}: {error}")
+    warnings.warn(f"taesd_fast: the CUDA row conv kernel is unavailable ({_failure[0]}); using the Gluon kernel",
+                  RuntimeWarning, stacklevel=3)
 
 
 def reason(x: Tensor, rows: int, programs: int, sms: int) -> str | None:
     """Why conv_halo should not hand this call (rows per program, grid size) to the CUDA kernel, or None."""
     if rows > MAX_ROWS or programs > sms:
         return f"{rows} rows per program, {programs} programs (the CUDA kernel wins only on short runs in one wave)"
+    if _failure:
+        return _failure[0]
     why = _backend.kernels_unavailable_reason(x.device)
     if why is None and torch.cuda.is_current_stream_capturing() and not _backend.is_loaded(SOURCE, KERNEL,
                                                                                           device=x.device):
