@@ -1,4 +1,5 @@
-"""The Gluon head g kernel (kernels/head_wgmma.py) against the Triton one, side by side, at the Wan chunk size
+"""The Hopper head g kernels (CUDA C++: kernels/head_cuda.py; Gluon: kernels/head_wgmma.py) against the Triton one,
+side by side, at the Wan chunk size
 (B=1, C=256, T=4 + 2 cached frames, 352x640, bf16), each as a CUDA-graph replay; plus the whole OutputHead call
 and the error of each path against an fp32 reference. Run: python3 scripts/bench_head_wgmma.py [--t 4 --h 352 ...]
 """
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from taesd_fast import OutputHead, dispatch
 from taesd_fast.bench_head import head_diffusers
 from taesd_fast.kernels import head_fused as hf
-from taesd_fast.kernels import head_wgmma
+from taesd_fast.kernels import head_cuda, head_wgmma
 from taesd_fast.timing import graphed, time_ms
 
 
@@ -44,7 +45,8 @@ def main() -> None:
     print(f"error vs fp32: PyTorch bf16 {rel(torch_bf16):.3e}")
 
     rows = []
-    for name, cfg in (("Gluon wgmma g kernel + stencil", {"variant": "wgmma"}),
+    for name, cfg in (("CUDA C++ g kernel + stencil", {"variant": "cuda_sm90"}),
+                      ("Gluon wgmma g kernel + stencil", {"variant": "wgmma"}),
                       ("Triton roll g kernel + stencil", {"variant": "roll"})):
         fn = lambda cfg=cfg: hf.fused_head_with(feat, cache, gamma, weight, bias, eps, scale, cfg)  # noqa: E731
         out = fn()[0]
@@ -55,9 +57,15 @@ def main() -> None:
     gs = hf.scaled_gamma(gamma, scale)
     g = feat.new_empty((b, t, h, w, hf.GC))
     new_cache = feat.new_empty((b, c, 2, h, w))
-    ms = time_ms(graphed(lambda: head_wgmma.launch(feat, cache, gs, wt, g, new_cache, eps)))
     moved = gb_in + new_cache.numel() * 2 / 1e9 + g.numel() * 2 / 1e9
-    rows.append(("part: Gluon g kernel alone", ms, f"{moved * 1e3:.0f} MB moved: {moved / ms:.2f} TB/s"))
+    outs = {}
+    for name, kernel in (("CUDA C++", head_cuda), ("Gluon", head_wgmma)):
+        ms = time_ms(graphed(lambda kernel=kernel: kernel.launch(feat, cache, gs, wt, g, new_cache, eps)))
+        rows.append((f"part: {name} g kernel alone", ms, f"{moved * 1e3:.0f} MB moved: {moved / ms:.2f} TB/s"))
+        outs[name] = (g.clone(), new_cache.clone())
+    (g1, c1), (g2, c2) = outs.values()
+    print(f"CUDA vs Gluon: g max |diff| {(g1.float() - g2.float()).abs().max().item():.3e} "
+          f"({(g1 != g2).float().mean().item():.2e} of elements differ); new cache equal: {torch.equal(c1, c2)}")
 
     head = OutputHead(c, 12).cuda().bfloat16()
     with torch.no_grad():

@@ -21,6 +21,7 @@ __all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_ker
 
 _CSRC = Path(__file__).with_name("csrc")
 _PRELUDE = "common.cuh"
+_HOPPER_PRELUDE = "hopper.cuh"  # after common.cuh, for the ARCH_SPECIFIC sources
 _OPTIONS = ("--std=c++17", "-default-device", "-lineinfo")  # no fast-math: convs need exact fp32 accumulation
 _lock = threading.RLock()
 _avail: dict[int, str | None] = {}  # device index -> None (ok) or reason
@@ -128,6 +129,8 @@ def sources_hash() -> str:
 
 def _read_source(source_name: str) -> str:
     prelude = (_CSRC / _PRELUDE).read_text()
+    if source_name in ARCH_SPECIFIC:  # TMA, mbarrier and wgmma helpers: PTX that only those targets accept
+        prelude += (_CSRC / _HOPPER_PRELUDE).read_text()
     body = (_CSRC / source_name).read_text()
     # Text inclusion keeps line numbers of the body readable in NVRTC logs.
     return prelude + f'\n#line 1 "{source_name}"\n' + body
@@ -159,7 +162,7 @@ def _compile(src: str, name: str, arch: str, cubin: bool, opts: list[str]) -> by
 
 # Sources that use an architecture's accelerated features (wgmma, setmaxnreg: sm_90a) and so compile for exactly
 # that architecture; they run only there.
-ARCH_SPECIFIC = {"conv_row_sm90.cu": 90}
+ARCH_SPECIFIC = {"conv_row_sm90.cu": 90, "head_g_sm90.cu": 90}
 
 
 def _binary(source_name: str, defines: dict[str, int], cc: int) -> bytes:
@@ -214,10 +217,13 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("num_attrs", ctypes.c_uint)]
 
 
+_TMA_DTYPES = {torch.float16: 6, torch.bfloat16: 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16
+
+
 def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[int],
                swizzle: bool = True) -> ctypes.Array:
-    """A TMA descriptor (CUtensorMap, 128 bytes) over f16 tensor t's memory: dims innermost first, strides in
-    elements for dims 1.., box in elements; 128-byte swizzle (or none), zero fill out of bounds."""
+    """A TMA descriptor (CUtensorMap, 128 bytes) over f16 or bf16 tensor t's memory: dims innermost first, strides
+    in elements for dims 1.., box in elements; 128-byte swizzle (or none), zero fill out of bounds."""
     lib = _cuda()
     rank = len(dims)
     raw = (ctypes.c_ubyte * 192)()  # CUtensorMap is 64-byte aligned: carve an aligned 128 bytes out of this
@@ -225,7 +231,7 @@ def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[i
     desc._keep = raw
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     rc = lib.cuTensorMapEncodeTiled(
-        ctypes.byref(desc), 6, rank, ctypes.c_void_p(t.data_ptr()),  # 6: CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        ctypes.byref(desc), _TMA_DTYPES[t.dtype], rank, ctypes.c_void_p(t.data_ptr()),
         (u64 * rank)(*dims), (u64 * max(1, rank - 1))(*[s * t.element_size() for s in strides]),
         (u32 * rank)(*box), (u32 * rank)(*([1] * rank)),
         0, 3 if swizzle else 0, 2, 0)  # no interleave, 128-byte swizzle or none, L2 promotion 128 B, zero fill

@@ -23,49 +23,6 @@
 #define R_STAGE_BYTES (128 * 128)
 #define SMEM_BYTES (W_BYTES + STAGES * (X_STAGE_BYTES + R_STAGE_BYTES) + 128 * 128 + 64)
 
-struct alignas(64) TmaMap { unsigned long long opaque[16]; };  // CUtensorMap, passed by value
-
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, u32 bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::
-          "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap* map, u32 bar, int c, int x, int y, int n) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
-      "[%2];" ::"r"(dst), "l"(map), "r"(bar), "r"(c), "r"(x), "r"(y), "r"(n)
-      : "memory");
-}
-__device__ __forceinline__ void tma_store_4d(const TmaMap* map, u32 src, int c, int x, int y, int n) {
-  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(map),
-               "r"(src), "r"(c), "r"(x), "r"(y), "r"(n)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-
-// wgmma descriptor of a K-major operand in a 128-byte-swizzled box (the weights): rows of 128 bytes, 8-row groups
-// 1024 bytes apart, starting at a 1024-byte boundary.
-__device__ __forceinline__ unsigned long long desc(u32 addr) {
-  return (unsigned long long)((addr >> 4) & 0x3FFF) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-         (1ull << 62);
-}
 // ... of a K-major operand without swizzle in the chunk-major row (the activations): 8 x 16-byte core matrices;
 // the leading-dimension offset steps along K (the next 8 channels, X_CHUNK_BYTES on), the stride offset along M
 // (the next 8 pixels, 128 bytes on). Any 16-byte-aligned start is valid.
@@ -88,8 +45,6 @@ __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsign
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(scale_d));
 }
-__device__ __forceinline__ void mma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void mma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void mma_wait(float (&a)[32], float (&b)[32], float (&c)[32]) {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");

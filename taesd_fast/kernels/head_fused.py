@@ -1,7 +1,8 @@
 """Fused Wan head: RMS norm + SiLU + causal temporal GEMM straight from the raw features (one "g kernel"), then the
-existing 9-tap stencil (taesd_fast::head_stencil) for bias + spatial taps + clamp. On sm_90 the g kernel is the Gluon
-one in head_wgmma.py (variant "wgmma": weights resident in shared memory, warp-specialised, 0.66 ms at the Wan chunk
-size); elsewhere, or where it cannot run, one of the two Triton kernels below. DEFAULT_CONFIG's "auto" chooses.
+existing 9-tap stencil (taesd_fast::head_stencil) for bias + spatial taps + clamp. On sm_90 the g kernel is the CUDA
+C++ one in head_cuda.py (variant "cuda_sm90"), else the Gluon one in head_wgmma.py (variant "wgmma": 0.66 ms at the
+Wan chunk size); elsewhere, or where neither can run, one of the two Triton kernels below. DEFAULT_CONFIG's "auto"
+chooses.
 
     A_s = cache[:, :, s]                                   s < 2   (the activated causal frames)
         = bf16(silu(bf16(rmsnorm_fp32(features[:, :, s-2]))))   s >= 2
@@ -61,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import head as _split
-from . import head_wgmma
+from . import head_cuda, head_wgmma
 from .derived import derived  # GC, pack_weight, head_stencil(_ref), the derived-tensor cache
 
 try:  # Triton is optional: the module (op registration, twin, checks) must import without it.
@@ -78,8 +79,10 @@ N_PAD = 128  # g channels computed (tl.dot needs a power of two)
 CAUSAL = 2
 VARIANTS = ("roll", "per_t")  # the Triton kernels (they also run under TRITON_INTERPRET=1)
 HOPPER = "wgmma"  # the Gluon kernel (head_wgmma.py), sm_90 only
-# "auto": the Gluon kernel where head_wgmma supports the call, else "roll" with the Triton config below, the
-# best of scripts/bench_head_fused.py's sweep on the H200 (2026-11-29): 1.615 ms at the Wan chunk size.
+CUDA_SM90 = "cuda_sm90"  # the CUDA C++ kernel (head_cuda.py), sm_90 only
+# "auto": the CUDA kernel where head_cuda supports the call, else the Gluon kernel where head_wgmma does, else
+# "roll" with the Triton config below, the best of scripts/bench_head_fused.py's sweep on the H200 (2026-11-29):
+# 1.615 ms at the Wan chunk size.
 DEFAULT_CONFIG = {"variant": "auto", "block_m": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}
 POISON = False  # tests set this: NaN-fill g and the new cache before the kernel, so unwritten elements show
 
@@ -98,8 +101,8 @@ def set_default_config(**config) -> None:
     unknown = set(config) - set(DEFAULT_CONFIG)
     if unknown:
         raise ValueError(f"set_default_config: unknown keys {sorted(unknown)}; expected {sorted(DEFAULT_CONFIG)}")
-    if config.get("variant", "roll") not in ("auto", HOPPER, *VARIANTS):
-        raise ValueError(f"set_default_config: variant must be one of {('auto', HOPPER, *VARIANTS)}, "
+    if config.get("variant", "roll") not in ("auto", CUDA_SM90, HOPPER, *VARIANTS):
+        raise ValueError(f"set_default_config: variant must be one of {('auto', CUDA_SM90, HOPPER, *VARIANTS)}, "
                          f"got {config['variant']!r}")
     DEFAULT_CONFIG.update(config)
 
@@ -130,10 +133,10 @@ def pack_weight_taps_t(weight: Tensor) -> Tensor:
 
 def _derived_weights(weight: Tensor, bias: Tensor | None, gamma: Tensor, scale: float, variant: str):
     """(the variant's packed weight, bias fp32, scale*gamma fp32), cached on the source tensors like
-    split_head_conv's packed weights. The Triton kernels take Wk [3, C, 128]; the Gluon one W^T [3, 112, C]."""
+    split_head_conv's packed weights. The Triton kernels take Wk [3, C, 128]; the Hopper ones W^T [3, 112, C]."""
     get = derived.get
     with torch.no_grad():  # parameters require grad; the cached copies must not hold autograd graphs
-        if variant == HOPPER:
+        if variant in (HOPPER, CUDA_SM90):
             wk = get(weight, ("fused_taps_t",), lambda: pack_weight_taps_t(weight))
         else:
             wk = get(weight, ("fused_taps",), lambda: pack_weight_taps(weight))
@@ -486,21 +489,25 @@ def _contiguous_ints(c: int, t: int, h: int, w: int, has_cache: bool) -> tuple:
 
 
 def _variant(variant: str, features: Tensor, cache: Tensor | None) -> str:
-    """The g kernel for a config's variant: "auto" takes the Gluon kernel where it runs; HOPPER insists on it."""
-    if variant not in ("auto", HOPPER):
+    """The g kernel for a config's variant: "auto" takes the first of the CUDA, Gluon and Triton kernels that runs
+    the call; CUDA_SM90 and HOPPER insist on theirs."""
+    if variant not in ("auto", CUDA_SM90, HOPPER):
         return variant
-    reason = head_wgmma.unsupported_reason(features, cache)
-    if reason is None:
-        return HOPPER
-    if variant == HOPPER:
-        raise ValueError(f"fused_head: variant {HOPPER!r} cannot run this call: {reason}")
+    for name, why in ((CUDA_SM90, lambda: head_cuda.reason(features, cache)),
+                      (HOPPER, lambda: head_wgmma.unsupported_reason(features, cache))):
+        if variant in ("auto", name):
+            reason = why()
+            if reason is None:
+                return name
+            if variant == name:
+                raise ValueError(f"fused_head: variant {name!r} cannot run this call: {reason}")
     return "roll"
 
 
 def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
                     eps: float, scale: float, config: dict | None = None) -> tuple[Tensor, Tensor]:
-    """fused_head with an explicit kernel config (variant, block_m, num_warps, num_stages; variant "wgmma" or
-    "auto" take the Gluon kernel, which has no other settings); the bench sweeps it."""
+    """fused_head with an explicit kernel config (variant, block_m, num_warps, num_stages; the sm_90 variants
+    "cuda_sm90" and "wgmma", which "auto" prefers, have no other settings); the bench sweeps it."""
     check_fused_head(features, cache, gamma, weight, bias)
     b, c, t, h, w = features.shape
     reason = _kernel_reason(c, features.dtype, features.device.type)
@@ -519,7 +526,13 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
         g.fill_(float("nan"))
         new_cache.fill_(float("nan"))
     with torch.cuda.device(features.device):  # Triton launches on the current stream of the current device
-        if cfg["variant"] == HOPPER:
+        if cfg["variant"] == CUDA_SM90:
+            try:
+                head_cuda.launch(features, cache, gs, wk, g, new_cache, eps)
+            except RuntimeError as err:  # NVRTC or the driver refused it: the next kernel from now on
+                head_cuda.give_up(err)
+                return fused_head_with(features, cache, gamma, weight, bias, eps, scale, config)
+        elif cfg["variant"] == HOPPER:
             head_wgmma.launch(features, cache, gs, wk, g, new_cache, eps)
         else:
             launch_head_g(features, cache, gs, wk, g, new_cache, eps, **cfg)
@@ -563,6 +576,9 @@ def spec_ready(spec, config: dict | None = None) -> bool:
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
     stencil_ready = _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
+    if (cfg["variant"] in ("auto", CUDA_SM90) and not head_cuda._failure
+            and head_cuda.shape_reason(c, t, h, w, spec.device) is None):
+        return stencil_ready and head_cuda.spec_ready(spec.device, c, t, bool(spec.residual))
     if cfg["variant"] in ("auto", HOPPER) and head_wgmma.shape_reason(c, t, h, w, spec.device) is None:
         return stencil_ready and head_wgmma.spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
     if cfg["variant"] == "auto":

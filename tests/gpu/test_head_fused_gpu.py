@@ -33,8 +33,10 @@ CONFIGS = [
     {"variant": "per_t", "block_m": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
     {"variant": "per_t", "block_m": 128, "block_k": 32, "num_warps": 8, "num_stages": 2},
     {"variant": "wgmma"},  # the Gluon kernel (sm_90; H*W a multiple of 8)
+    {"variant": "cuda_sm90"},  # the CUDA C++ kernel (sm_90; the same shapes)
 ]
-WGMMA = len(CONFIGS) - 1
+WGMMA, CUDA = len(CONFIGS) - 2, len(CONFIGS) - 1
+HOPPER = [WGMMA, CUDA]
 
 
 @pytest.fixture(autouse=True)
@@ -89,14 +91,14 @@ def _assert_cache_close(got, want):
 SHAPES = [(1, 1, 37, 53), (1, 4, 37, 53), (2, 3, 17, 29), (1, 5, 9, 70), (2, 2, 1, 1)]
 CASES = ([(0, *shape) for shape in SHAPES]
          + [(cfg, *shape) for cfg in range(1, WGMMA) for shape in [(1, 4, 37, 53), (2, 1, 17, 29)]])
-# The Gluon kernel: whole and partial 64-pixel tiles, T = 1 (first chunk), several images, and more tiles than SMs
+# The Hopper kernels: whole and partial 64-pixel tiles, T = 1 (first chunk), several images, and more tiles than SMs
 # (programs walk several tiles, the TMA ring runs across tile boundaries).
 WGMMA_SHAPES = [(1, 4, 24, 40), (2, 3, 12, 20), (1, 1, 20, 36), (3, 5, 8, 8), (1, 4, 88, 160), (2, 2, 64, 136)]
 
 
 def _needs_sm90():
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma head kernel needs sm_90")
+        pytest.skip("the Hopper head kernels need sm_90")
 
 
 @pytest.mark.parametrize("with_cache", [False, True])
@@ -114,24 +116,70 @@ def test_matches_output_head(cfg, b, t, h, w, with_cache):
 
 @pytest.mark.parametrize("with_cache", [False, True])
 @pytest.mark.parametrize("b,t,h,w", WGMMA_SHAPES)
-def test_wgmma_matches_output_head(b, t, h, w, with_cache):
+@pytest.mark.parametrize("cfg", HOPPER)
+def test_hopper_kernels_match_output_head(cfg, b, t, h, w, with_cache):
     _needs_sm90()
-    test_matches_output_head(WGMMA, b, t, h, w, with_cache)
+    test_matches_output_head(cfg, b, t, h, w, with_cache)
 
 
-def test_wgmma_refuses_what_it_cannot_run():
+@pytest.mark.parametrize("c,t", [(64, 3), (128, 1), (128, 2)])
+def test_cuda_kernel_other_channel_counts(c, t):
+    """C = 64, 128 (fewer chunks per frame, a deeper ring) against an fp32 OutputHead, with and without cache."""
+    _needs_sm90()
+    head = _head(c, seed=c)
+    for with_cache in (False, True):
+        features, cache = _inputs(2, c, t, 12, 20, seed=c + t, with_cache=with_cache)
+        ref, out16, cache16 = _references(head, features, cache)
+        out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, c**0.5, CONFIGS[CUDA])
+        assert _rel(out, ref) <= 2 * _rel(out16, ref), f"{_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
+        _assert_cache_close(new_cache, cache16)
+
+
+@pytest.mark.parametrize("cfg", HOPPER)
+def test_hopper_kernels_refuse_what_they_cannot_run(cfg):
     _needs_sm90()
     head = _head(seed=11)
     features, cache = _inputs(1, 256, 2, 9, 7, seed=11)  # H*W = 63: TMA needs rows of 16 bytes
-    with pytest.raises(ValueError, match="variant 'wgmma' cannot run this call: H\\*W=63 is not a multiple of 8"):
-        hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[WGMMA])
+    name = CONFIGS[cfg]["variant"]
+    with pytest.raises(ValueError, match=f"variant '{name}' cannot run this call: H\\*W=63 is not a multiple of 8"):
+        hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
     out, _ = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5)  # auto: the Triton kernel
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("cfg,h,w", [(0, 37, 53), (2, 37, 53), (WGMMA, 24, 40)])
+def test_auto_takes_the_cuda_kernel_and_falls_back_to_gluon(monkeypatch):
+    """auto runs the CUDA kernel on sm_90; if it cannot compile or launch, the Gluon kernel takes over with one
+    warning, and the results agree to the fp32 summation order."""
+    _needs_sm90()
+    from taesd_fast.kernels import head_cuda
+
+    head = _head(seed=14)
+    features, cache = _inputs(1, 256, 4, 24, 40, seed=14)
+    args = (features, cache, *_params(head), EPS, 256**0.5)
+    launched = []
+    real_launch = head_cuda.launch
+    monkeypatch.setattr(head_cuda, "launch", lambda *a: launched.append(1) or real_launch(*a))
+    cuda_out, cuda_cache = hf.fused_head_with(*args)
+    assert launched
+    gluon_out, gluon_cache = hf.fused_head_with(*args, CONFIGS[WGMMA])
+
+    def refuse(*a):
+        raise RuntimeError("NVRTC could not compile head_g_sm90.cu for sm_90a (test)")
+
+    monkeypatch.setattr(head_cuda, "_failure", [])
+    monkeypatch.setattr(head_cuda, "launch", refuse)
+    with pytest.warns(RuntimeWarning, match="the CUDA head kernel is unavailable .*using the Gluon kernel"):
+        out, new_cache = hf.fused_head_with(*args)
+    assert torch.equal(out, gluon_out) and torch.equal(new_cache, gluon_cache)
+    assert "NVRTC could not compile" in head_cuda.reason(features, cache)
+    ref, out16, _ = _references(head, features, cache)
+    assert _rel(cuda_out, ref) <= 2 * _rel(out16, ref)
+    _assert_cache_close(cuda_cache, gluon_cache)
+
+
+@pytest.mark.parametrize("cfg,h,w", [(0, 37, 53), (2, 37, 53), (WGMMA, 24, 40), (CUDA, 24, 40)])
 def test_chunked_equals_one_shot(cfg, h, w):
-    if cfg == WGMMA:
+    if cfg in HOPPER:
         _needs_sm90()
     head = _head(seed=3)
     features, _ = _inputs(1, 256, 4, h, w, seed=3, with_cache=False)
@@ -265,14 +313,15 @@ def test_torch_compile_fullgraph():
     assert torch.equal(got, want.float() * 2) and torch.equal(got_cache, want_cache)
 
 
-def test_wgmma_repeat_runs_are_bitwise_equal():
-    """The Gluon kernel's partitions hand slots over through mbarriers only (compute-sanitizer's racecheck does not
-    follow the TMA load's barrier completion between them, see BENCHMARKS.md); its sums have a fixed order, so any
-    lost handover would show as a run that differs. The Wan chunk size: 26-27 tiles per program, the ring wraps."""
+@pytest.mark.parametrize("cfg", HOPPER)
+def test_hopper_repeat_runs_are_bitwise_equal(cfg):
+    """The Hopper kernels hand ring slots over through mbarriers only (compute-sanitizer's racecheck does not
+    follow the TMA load's barrier completion between them, see BENCHMARKS.md); their sums have a fixed order, so
+    any lost handover would show as a run that differs. The Wan chunk size: 26-27 tiles per program, the ring wraps."""
     _needs_sm90()
     head = _head(seed=12)
     features, cache = _inputs(1, 256, 4, 352, 640, seed=12)
-    args = (features, cache, *_params(head), EPS, 256**0.5, CONFIGS[WGMMA])
+    args = (features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
     first_out, first_cache = hf.fused_head_with(*args)
     for _ in range(20):
         out, new_cache = hf.fused_head_with(*args)

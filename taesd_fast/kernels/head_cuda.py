@@ -1,0 +1,135 @@
+"""The fused head's g kernel in CUDA C++ for Hopper (csrc/head_g_sm90.cu, compiled with NVRTC for sm_90a): the Gluon
+kernel's contract (head_wgmma.py: same inputs, g and new cache), with the frame held in registers instead of shared
+memory, the activation done in the MMA warpgroups in the wgmma A-fragment layout, and g's columns in two 56-wide
+wgmmas (Gluon's power-of-two shapes cut them 64 + 32 + 16). head_fused runs it where `reason` is None and falls back
+to the Gluon kernel, with one warning, if it cannot compile or launch.
+
+Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound at ~0.27-0.30 ms
+(1125 MB moved); tensor cores ~0.15-0.22 ms, the activation ~0.1 ms of issue per SM, duplicated in the two
+warpgroups. Measured: BENCHMARKS.md, runs CC3-.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch import Tensor
+
+from .. import _backend
+
+SOURCE, KERNEL = "head_g_sm90.cu", "head_g_sm90"
+G = 112  # g channels (head.GC)
+BLOCK_P = 64  # pixels per tile
+CHUNK = 64  # channels per ring slot
+MAX_T = 16  # frames are unrolled at compile time
+SMEM_LIMIT = 232448  # sm_90's opt-in shared memory per block
+MAX_SLOTS = 12
+
+_failure: list[str] = []  # why it could not compile or launch in this process, once it could not
+
+
+def give_up(error: Exception) -> None:
+    """Called when compiling or launching failed: every later call takes the Gluon kernel, with one warning."""
+    _failure.append(f"{type(error).__name__}: {error}")
+    warnings.warn(f"taesd_fast: the CUDA head kernel is unavailable ({_failure[0]}); using the Gluon kernel",
+                  RuntimeWarning, stacklevel=3)
+
+
+def _slots(c: int) -> int:
+    """Ring slots (8 KB each) that fit beside the resident weights, gamma and the barriers (and 1 KB of alignment)."""
+    free = SMEM_LIMIT - 1024 - 3 * (c // CHUNK) * G * 128 - c * 4 - 8
+    return min(MAX_SLOTS, free // (CHUNK * BLOCK_P * 2 + 16))
+
+
+def _smem(c: int) -> int:
+    kc, ns = c // CHUNK, _slots(c)
+    return 3 * kc * G * 128 + ns * CHUNK * BLOCK_P * 2 + kc * 256 + 8 * (2 * ns + 1) + 1024
+
+
+def _arch(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> str | None:
+    """Why contiguous features of this shape cannot take the kernel, or None."""
+    device = torch.device(device)
+    if device.type != "cuda" or _arch(device) != (9, 0):
+        return "needs an sm_90 GPU (wgmma, setmaxnreg: compiled for sm_90a)"
+    if c % CHUNK or c > 256:
+        return f"C={c} (needs a multiple of {CHUNK} up to 256: the weights stay in shared memory)"
+    if t > MAX_T:
+        return f"T={t} > {MAX_T} (frames are unrolled at compile time)"
+    if (h * w) % 8:
+        return f"H*W={h * w} is not a multiple of 8 (TMA needs 16-byte strides)"
+    if c * 2 * h * w >= 2**31:
+        return f"one sample's new cache has C*2*H*W = {c * 2 * h * w} >= 2**31 elements (int32 offsets)"
+    return None
+
+
+def reason(features: Tensor, cache: Tensor | None) -> str | None:
+    """Why these flat-pixel bf16 tensors cannot take the kernel, or None."""
+    _, c, t, h, w = features.shape
+    why = shape_reason(c, t, h, w, features.device)
+    if why is None and _failure:
+        why = _failure[0]
+    if why is None:
+        for name, x in (("features", features), ("cache", cache)):
+            if x is not None and (x.data_ptr() % 16 or any(s % 8 for s, n in zip(x.stride()[:3], x.shape[:3])
+                                                           if n > 1)):
+                return f"{name} is not 16-byte aligned in every stride (TMA)"
+        why = _backend.kernels_unavailable_reason(features.device)
+    if why is None and features.is_cuda and torch.cuda.is_current_stream_capturing() and not spec_ready(
+            features.device, c, t, cache is not None):
+        why = "not compiled before this CUDA-graph capture"
+    return why
+
+
+def _defines(c: int, t: int, has_cache: bool) -> dict[str, int]:
+    return {"CHUNKS": c // CHUNK, "T_OUT": t, "HAS_CACHE": int(has_cache), "SLOTS": _slots(c)}
+
+
+def spec_ready(device, c: int, t: int, has_cache: bool) -> bool:
+    """True once this specialisation is compiled and loaded (launching it then compiles nothing)."""
+    return _backend.is_loaded(SOURCE, KERNEL, _defines(c, t, has_cache), device)
+
+
+def frames_layout(x: Tensor, frames: int) -> tuple[list[int], list[int]]:
+    """(dims innermost first, strides of dims 1..) of flat-pixel x [B, C, F, H, W] seen as [B, C, F, H*W]. A size-1
+    dimension may carry any stride in torch; TMA wants 16-byte multiples, so those get a dense one."""
+    b, c, _, h, w = x.shape
+    dims = [h * w, frames, c, b]
+    strides = [x.stride(2), x.stride(1), x.stride(0)]
+    for d in range(1, 4):
+        if dims[d] == 1:
+            strides[d - 1] = dims[d - 1] * (strides[d - 2] if d > 1 else 1)
+    return dims, strides
+
+
+def _frames_map(x: Tensor, frames: int):
+    """TMA descriptor over x's frames, boxes of 64 pixels x 64 channels of one frame."""
+    return _backend.tensor_map(x, *frames_layout(x, frames), [BLOCK_P, 1, CHUNK, 1])
+
+
+def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,
+           eps: float) -> None:
+    """As head_wgmma.launch: features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale *
+    gamma fp32 [C]; wt = W^T [3, 112, C] bf16; g [B, T, H, W, 112] and new_cache [B, C, 2, H, W] contiguous outputs.
+    The caller checks `reason` first."""
+    b, c, t, h, w = features.shape
+    if cache is None and t == 1:
+        new_cache[:, :, 0].zero_()  # the window's causal zero frame; the kernel skips zero frames
+    x_map = _frames_map(features, t)
+    c_map = _frames_map(cache, 2) if cache is not None else x_map
+    w_map = _backend.tensor_map(wt.reshape(3 * G, c), [c, 3 * G], [c], [CHUNK, G])
+    tiles = -(-(h * w) // BLOCK_P)
+    kernel = _backend.get_kernel(SOURCE, KERNEL, _defines(c, t, cache is not None), device=features.device)
+    grid = min(b * tiles, _sm_count(features.device))
+    kernel((grid,), (384,), [x_map, c_map, w_map, gs, g, new_cache, h * w, b * tiles, tiles, float(eps)],
+           smem=_smem(c))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count

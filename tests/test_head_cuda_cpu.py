@@ -1,0 +1,71 @@
+"""CPU checks of the CUDA head kernel's host side (kernels/head_cuda.py) and of how head_fused picks it. The kernel
+itself runs in tests/gpu/test_head_fused_gpu.py (sm_90)."""
+
+import pytest
+import torch
+
+from taesd_fast import _backend
+from taesd_fast.kernels import head_cuda as hc
+from taesd_fast.kernels import head_fused as hf
+
+
+def test_ring_and_weights_fit_in_shared_memory():
+    # 3 taps x 112 x C bf16 stay resident; the rest of sm_90's 227 KB holds 8 KB slots, at least a frame's chunks.
+    for c in (64, 128, 192, 256):
+        assert hc._slots(c) >= c // 64
+        assert hc._smem(c) <= hc.SMEM_LIMIT
+    assert hc._slots(256) == 7
+    assert hc._slots(64) == hc.MAX_SLOTS
+
+
+def test_shape_reason(monkeypatch):
+    assert "needs an sm_90 GPU" in hc.shape_reason(256, 4, 352, 640, "cpu")
+    monkeypatch.setattr(hc, "_arch", lambda device: (9, 0))  # as on an H100/H200
+    assert hc.shape_reason(256, 4, 352, 640, "cuda:0") is None
+    assert "multiple of 64 up to 256" in hc.shape_reason(96, 4, 8, 8, "cuda:0")
+    assert "multiple of 64 up to 256" in hc.shape_reason(320, 4, 8, 8, "cuda:0")
+    assert "T=17 > 16" in hc.shape_reason(256, 17, 8, 8, "cuda:0")
+    assert "H*W=63 is not a multiple of 8" in hc.shape_reason(256, 4, 9, 7, "cuda:0")
+    assert ">= 2**31 elements" in hc.shape_reason(256, 4, 2048, 2048, "cuda:0")
+    monkeypatch.setattr(hc, "_arch", lambda device: (9, 1))  # an sm_90a cubin runs on 9.0 only
+    assert "needs an sm_90 GPU" in hc.shape_reason(256, 4, 352, 640, "cuda:0")
+
+
+def test_reason_checks_tma_strides_and_failures(monkeypatch):
+    monkeypatch.setattr(hc, "shape_reason", lambda *a: None)  # pretend the device and shape are fine
+    monkeypatch.setattr(_backend, "kernels_unavailable_reason", lambda device=None: None)
+    monkeypatch.setattr(hc, "_failure", [])
+    x = torch.randn(2, 64, 6, 4, 8).bfloat16()
+    assert hc.reason(x, None) is None
+    assert hc.reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
+    uneven = torch.randn(2 * 65 * 193).bfloat16().as_strided((2, 64, 6, 4, 8), (65 * 193, 193, 32, 8, 1))
+    assert "features is not 16-byte aligned in every stride" in hc.reason(uneven, None)
+    shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
+    assert "cache is not 16-byte aligned" in hc.reason(x, shifted[:, :, :2])
+    with pytest.warns(RuntimeWarning, match="CUDA head kernel is unavailable .*NVRTC could not compile"):
+        hc.give_up(RuntimeError("NVRTC could not compile head_g_sm90.cu for sm_90a"))
+    assert "NVRTC could not compile" in hc.reason(x, None)
+
+
+def test_frames_layout_gives_size_one_dims_dense_strides():
+    x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
+    dims, strides = hc.frames_layout(x[:, :, 1:2], 1)  # T = 1 and B = 1: torch may give those dims any stride
+    assert dims == [128, 1, 256, 1]
+    assert strides == [128, 512, 256 * 512]  # the channel stride is real (4 frames of 128 pixels)
+    dims, strides = hc.frames_layout(torch.zeros(2, 64, 3, 4, 8)[:, :, 1:], 2)  # a frame slice keeps its strides
+    assert dims == [32, 2, 64, 2] and strides == [32, 96, 64 * 96]
+
+
+def test_auto_prefers_cuda_then_gluon_then_triton(monkeypatch):
+    from taesd_fast.kernels import head_wgmma
+
+    x = torch.randn(1, 64, 2, 4, 8).bfloat16()
+    monkeypatch.setattr(hc, "reason", lambda f, c: None)
+    monkeypatch.setattr(head_wgmma, "unsupported_reason", lambda f, c: None)
+    assert hf._variant("auto", x, None) == hf.CUDA_SM90
+    monkeypatch.setattr(hc, "reason", lambda f, c: "NVRTC could not compile")
+    assert hf._variant("auto", x, None) == hf.HOPPER
+    with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: NVRTC could not compile"):
+        hf._variant(hf.CUDA_SM90, x, None)
+    monkeypatch.setattr(head_wgmma, "unsupported_reason", lambda f, c: "needs an sm_90 GPU")
+    assert hf._variant("auto", x, None) == "roll"
