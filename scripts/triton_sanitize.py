@@ -55,7 +55,7 @@ for cout, B, H, W in ([] if "--head-only" in sys.argv else [(3, 2, 5, 33), (7, 1
         y = conv_tc.conv3x3_tc_launch(x, w, b, None, 1, optional, config=conv_tc.TCConfig(64, 4, 3, small_tile=True))
         torch.cuda.synchronize()
         print(f"narrow 64->{cout} {B}x{H}x{W} opt={optional}: rel err {rel(y, ref):.2e}")
-# (T, cache, H, W): odd sizes take the Triton head kernel; H*W multiples of 8 the Gluon one on sm_90 (64x136: more
+# (T, cache, H, W): odd sizes take the Triton head kernel; H*W multiples of 8 the CUDA one on sm_90 (64x136: more
 # 64-pixel tiles than SMs, so programs walk two tiles and the TMA ring wraps across them).
 HEAD_CASES = [] if "--conv-only" in sys.argv or LATENCY_ONLY else [(1, False, 13, 21), (3, True, 13, 21), (1, False, 16, 40),
                                                    (4, True, 64, 136), (2, True, 12, 20)]

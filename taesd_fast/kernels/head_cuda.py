@@ -1,12 +1,12 @@
 """The fused head's g kernel in CUDA C++ for Hopper (csrc/head_g_sm90.cu, compiled with NVRTC for sm_90a): the Gluon
-kernel's contract (head_wgmma.py: same inputs, g and new cache), with the frame held in registers instead of shared
-memory, the activation done in the MMA warpgroups in the wgmma A-fragment layout, and g's columns in two 56-wide
-wgmmas (Gluon's power-of-two shapes cut them 64 + 32 + 16). head_fused runs it where `reason` is None and falls back
-to the Gluon kernel, with one warning, if it cannot compile or launch.
+kernel's contract (head_wgmma.py: same inputs, g and new cache), with g's 112 columns in one m64n112k16 wgmma per tap
+and k-step, both operands in shared memory (the activated frame box is the transposed A operand as it lies; Gluon's
+power-of-two shapes cut the columns 64 + 32 + 16, with the frame loaded into registers for each). head_fused runs it
+where `reason` is None and falls back to the Gluon kernel, with one warning, if it cannot compile or launch.
 
-Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound at ~0.27-0.30 ms
-(1125 MB moved); tensor cores ~0.15-0.22 ms, the activation ~0.1 ms of issue per SM, duplicated in the two
-warpgroups. Measured: BENCHMARKS.md, runs CC3-.
+Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): 0.30-0.40 ms, HBM-bound (1125 MB
+moved, 0.27 ms at the copy ceiling); tensor cores ~0.15 ms at peak, shared memory ~0.16 ms (each m64n112k16 reads
+5.5 KB of operands), the activation ~0.07 ms of issue per SM. Measured: BENCHMARKS.md, runs DD1-.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ SOURCE, KERNEL = "head_g_sm90.cu", "head_g_sm90"
 G = 112  # g channels (head.GC)
 BLOCK_P = 64  # pixels per tile
 CHUNK = 64  # channels per ring slot
-MAX_T = 16  # frames are unrolled at compile time
 SMEM_LIMIT = 232448  # sm_90's opt-in shared memory per block
 MAX_SLOTS = 12
 
@@ -38,14 +37,13 @@ def give_up(error: Exception) -> None:
 
 
 def _slots(c: int) -> int:
-    """Ring slots (8 KB each) that fit beside the resident weights, gamma and the barriers (and 1 KB of alignment)."""
-    free = SMEM_LIMIT - 1024 - 3 * (c // CHUNK) * G * 128 - c * 4 - 8
-    return min(MAX_SLOTS, free // (CHUNK * BLOCK_P * 2 + 16))
+    """Ring slots (8 KB each, and 3 barriers) that fit beside the resident weights (and 1 KB of alignment)."""
+    free = SMEM_LIMIT - 1024 - 3 * (c // CHUNK) * G * 128 - 8
+    return min(MAX_SLOTS, free // (CHUNK * BLOCK_P * 2 + 24))
 
 
 def _smem(c: int) -> int:
-    kc, ns = c // CHUNK, _slots(c)
-    return 3 * kc * G * 128 + ns * CHUNK * BLOCK_P * 2 + kc * 256 + 8 * (2 * ns + 1) + 1024
+    return 3 * (c // CHUNK) * G * 128 + _slots(c) * (CHUNK * BLOCK_P * 2 + 24) + 8 + 1024
 
 
 def _arch(device: torch.device) -> tuple[int, int]:
@@ -59,8 +57,6 @@ def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> 
         return "needs an sm_90 GPU (wgmma, setmaxnreg: compiled for sm_90a)"
     if c % CHUNK or c > 256:
         return f"C={c} (needs a multiple of {CHUNK} up to 256: the weights stay in shared memory)"
-    if t > MAX_T:
-        return f"T={t} > {MAX_T} (frames are unrolled at compile time)"
     if (h * w) % 8:
         return f"H*W={h * w} is not a multiple of 8 (TMA needs 16-byte strides)"
     if c * 2 * h * w >= 2**31:
@@ -86,13 +82,14 @@ def reason(features: Tensor, cache: Tensor | None) -> str | None:
     return why
 
 
-def _defines(c: int, t: int, has_cache: bool) -> dict[str, int]:
-    return {"CHUNKS": c // CHUNK, "T_OUT": t, "HAS_CACHE": int(has_cache), "SLOTS": _slots(c)}
+def _defines(c: int) -> dict[str, int]:
+    return {"CHUNKS": c // CHUNK, "SLOTS": _slots(c)}
 
 
 def spec_ready(device, c: int, t: int, has_cache: bool) -> bool:
-    """True once this specialisation is compiled and loaded (launching it then compiles nothing)."""
-    return _backend.is_loaded(SOURCE, KERNEL, _defines(c, t, has_cache), device)
+    """True once the kernel for C is compiled and loaded (launching it then compiles nothing; T and the cache are
+    arguments)."""
+    return _backend.is_loaded(SOURCE, KERNEL, _defines(c), device)
 
 
 def frames_layout(x: Tensor, frames: int) -> tuple[list[int], list[int]]:
@@ -113,10 +110,10 @@ def _frames_map(x: Tensor, frames: int):
 
 
 def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,
-           eps: float) -> None:
+           eps: float, source: str = SOURCE) -> None:
     """As head_wgmma.launch: features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale *
     gamma fp32 [C]; wt = W^T [3, 112, C] bf16; g [B, T, H, W, 112] and new_cache [B, C, 2, H, W] contiguous outputs.
-    The caller checks `reason` first."""
+    The caller checks `reason` first; `source` names a variant of the kernel's source (the probe's)."""
     b, c, t, h, w = features.shape
     if cache is None and t == 1:
         new_cache[:, :, 0].zero_()  # the window's causal zero frame; the kernel skips zero frames
@@ -124,10 +121,11 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     c_map = _frames_map(cache, 2) if cache is not None else x_map
     w_map = _backend.tensor_map(wt.reshape(3 * G, c), [c, 3 * G], [c], [CHUNK, G])
     tiles = -(-(h * w) // BLOCK_P)
-    kernel = _backend.get_kernel(SOURCE, KERNEL, _defines(c, t, cache is not None), device=features.device)
+    nc_map = _frames_map(new_cache, 2)
+    kernel = _backend.get_kernel(source, KERNEL, _defines(c), device=features.device)
     grid = min(b * tiles, _sm_count(features.device))
-    kernel((grid,), (384,), [x_map, c_map, w_map, gs, g, new_cache, h * w, b * tiles, tiles, float(eps)],
-           smem=_smem(c))
+    args = [x_map, c_map, w_map, nc_map, gs, g, h * w, b * tiles, tiles, t, int(cache is not None), float(eps)]
+    kernel((grid,), (512,), args, smem=_smem(c))
 
 
 @functools.cache
