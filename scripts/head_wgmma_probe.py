@@ -8,9 +8,8 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from kernel_variants import load_variant  # beside this script
+from kernel_variants import load_variant, wan_head_chunk  # beside this script
 from taesd_fast.kernels import head_fused as hf
 from taesd_fast.kernels import head_wgmma
 from taesd_fast.timing import graphed, time_ms
@@ -44,16 +43,9 @@ VARIANTS = {
 
 def main() -> None:
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
-    b, c, t, h, w = 1, 256, int(sys.argv[1]) if len(sys.argv) > 1 else 4, 352, 640
-    torch.manual_seed(0)
-    feat = torch.randn(b, c, t, h, w, device="cuda").bfloat16()
-    cache = F.silu(torch.randn(b, c, 2, h, w, device="cuda")).bfloat16()
-    gamma = (1 + 0.1 * torch.randn(c, 1, 1, 1, device="cuda")).bfloat16()
-    weight = (torch.randn(12, c, 3, 3, 3, device="cuda") * (0.6 / (27 * c) ** 0.5)).bfloat16()
-    wt = hf.pack_weight_taps_t(weight)
-    gs = hf.scaled_gamma(gamma, c**0.5)
-    g = feat.new_empty((b, t, h, w, hf.GC))
-    nc = feat.new_empty((b, c, 2, h, w))
+    t = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    x = wan_head_chunk(t)
+    feat, cache, gamma, wt, gs, g, nc, c = x.feat, x.cache, x.gamma, x.wt, x.gs, x.g, x.nc, x.feat.shape[1]
     # g in fp32 from the unrounded activation: the variants' errors (only meaningful for those that compute all of g)
     act = hf.activate_ref(feat.float(), gamma.float(), 1e-12, c**0.5)
     win = torch.cat([cache.float(), act], 2)
