@@ -135,6 +135,23 @@ def test_cuda_kernel_other_channel_counts(c, t):
         _assert_cache_close(new_cache, cache16)
 
 
+@pytest.mark.parametrize("t", [17, 20])
+def test_cuda_kernel_takes_any_frame_count(t):
+    """T is a kernel argument (the Gluon kernel unrolls frames and stops at 16): more frames than the 3-frame loop
+    body's multiples, against an fp32 OutputHead, with and without cache."""
+    _needs_sm90()
+    from taesd_fast.kernels import head_wgmma
+
+    head = _head(seed=t)
+    for with_cache in (False, True):
+        features, cache = _inputs(1, 256, t, 8, 24, seed=t, with_cache=with_cache)
+        assert "T=" in head_wgmma.unsupported_reason(features, cache)
+        ref, out16, cache16 = _references(head, features, cache)
+        out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[CUDA])
+        assert _rel(out, ref) <= 2 * _rel(out16, ref), f"{_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
+        _assert_cache_close(new_cache, cache16)
+
+
 @pytest.mark.parametrize("cfg", HOPPER)
 def test_hopper_kernels_refuse_what_they_cannot_run(cfg):
     _needs_sm90()
