@@ -25,6 +25,13 @@ __device__ __forceinline__ u32 f2u(float f) {
   return u;
 }
 __device__ __forceinline__ float bf2f(u16 h) { return u2f(((u32)h) << 16); }
+// Two floats as packed bf16 (lo in the low half), each rounded to nearest even; sm_80+ (used only by kernels that
+// need it, so other targets never see the instruction).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 __device__ __forceinline__ u16 f2bf(float f) {  // round to nearest even; NaN stays NaN
 #if __CUDA_ARCH__ >= 800
   u16 h;

@@ -57,12 +57,6 @@ __device__ __forceinline__ float hs_load1(const gtype* p) {
 // NaN-propagating clamp, like torch.clamp.
 __device__ __forceinline__ float hs_clamp(float v) { return v < -1.f ? -1.f : (v > 1.f ? 1.f : v); }
 
-__device__ __forceinline__ u32 hs_pack_bf2(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 extern "C" __global__ void __launch_bounds__(256) head_stencil(
     const gtype* __restrict__ g,     // [B, T, rows_g, W, GC], strides gs_* in elements, channels dense
     const float* __restrict__ bias,  // [NCH] f32
@@ -121,8 +115,8 @@ extern "C" __global__ void __launch_bounds__(256) head_stencil(
 #pragma unroll
   for (int c = 0; c < NCH; c += 4) {
     hs_v4bf v;
-    v.a = hs_pack_bf2(hs_clamp(acc[c]), hs_clamp(acc[c + 1]));
-    v.b = hs_pack_bf2(hs_clamp(acc[c + 2]), hs_clamp(acc[c + 3]));
+    v.a = pack_bf16x2(hs_clamp(acc[c]), hs_clamp(acc[c + 1]));
+    v.b = pack_bf16x2(hs_clamp(acc[c + 2]), hs_clamp(acc[c + 3]));
     *reinterpret_cast<hs_v4bf*>(o + c) = v;
   }
 #else

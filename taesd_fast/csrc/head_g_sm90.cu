@@ -95,11 +95,6 @@ __device__ void produce(const Ring& ring, const Tiles& tiles, const TmaMap* x_ma
 
 __device__ __forceinline__ float lo_f(u32 v) { return u2f(v << 16); }
 __device__ __forceinline__ float hi_f(u32 v) { return u2f(v & 0xFFFF0000u); }
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -117,9 +112,9 @@ __device__ __forceinline__ void st_shared_v4(u32 addr, uint4 v) {
 // Two pixels of one channel: bf16(silu(bf16(x * inv * gs))) with half_gs = gs / 2. SiLU as h + h * tanh(h), h =
 // y / 2 (one MUFU op per element, BENCHMARKS.md run V1); h = bf16(x * inv * half_gs) is exactly bf16(y) / 2.
 __device__ __forceinline__ u32 activate2(u32 x, float inv_lo, float inv_hi, float half_gs) {
-  u32 h = pack_bf16(lo_f(x) * inv_lo * half_gs, hi_f(x) * inv_hi * half_gs);
+  u32 h = pack_bf16x2(lo_f(x) * inv_lo * half_gs, hi_f(x) * inv_hi * half_gs);
   float h0 = lo_f(h), h1 = hi_f(h);
-  return pack_bf16(fmaf(h0, tanh_approx(h0), h0), fmaf(h1, tanh_approx(h1), h1));
+  return pack_bf16x2(fmaf(h0, tanh_approx(h0), h0), fmaf(h1, tanh_approx(h1), h1));
 }
 
 // Warp w of the activators owns pixels 8w .. 8w + 7 of the tile (one 16-byte unit of each 128-byte channel row);
@@ -223,7 +218,7 @@ __device__ __forceinline__ void store_g(const Mma& m, const float (&d)[56], int 
   u32 v[G / 4];  // packed where every lane runs: reading wgmma results on a divergent path serialises the wgmmas
 #pragma unroll
   for (int j = 0; j < G / 4; ++j) {
-    v[j] = pack_bf16(d[2 * j], d[2 * j + 1]);
+    v[j] = pack_bf16x2(d[2 * j], d[2 * j + 1]);
     asm volatile("" : "+r"(v[j]));
   }
 #pragma unroll
