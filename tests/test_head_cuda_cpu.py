@@ -19,15 +19,15 @@ def test_ring_and_weights_fit_in_shared_memory():
 
 
 def test_shape_reason(monkeypatch):
-    assert "needs an sm_90 GPU" in hc.shape_reason(256, 4, 352, 640, "cpu")
+    assert "needs an sm_90 GPU" in hc.shape_reason(256, 352, 640, "cpu")
     monkeypatch.setattr(hc, "_arch", lambda device: (9, 0))  # as on an H100/H200
-    assert hc.shape_reason(256, 4, 352, 640, "cuda:0") is None
-    assert "multiple of 64 up to 256" in hc.shape_reason(96, 4, 8, 8, "cuda:0")
-    assert "multiple of 64 up to 256" in hc.shape_reason(320, 4, 8, 8, "cuda:0")
-    assert "H*W=63 is not a multiple of 8" in hc.shape_reason(256, 4, 9, 7, "cuda:0")
-    assert ">= 2**31 elements" in hc.shape_reason(256, 4, 2048, 2048, "cuda:0")
+    assert hc.shape_reason(256, 352, 640, "cuda:0") is None
+    assert "multiple of 64 up to 256" in hc.shape_reason(96, 8, 8, "cuda:0")
+    assert "multiple of 64 up to 256" in hc.shape_reason(320, 8, 8, "cuda:0")
+    assert "H*W=63 is not a multiple of 8" in hc.shape_reason(256, 9, 7, "cuda:0")
+    assert ">= 2**31 elements" in hc.shape_reason(256, 2048, 2048, "cuda:0")
     monkeypatch.setattr(hc, "_arch", lambda device: (9, 1))  # an sm_90a cubin runs on 9.0 only
-    assert "needs an sm_90 GPU" in hc.shape_reason(256, 4, 352, 640, "cuda:0")
+    assert "needs an sm_90 GPU" in hc.shape_reason(256, 352, 640, "cuda:0")
 
 
 def test_reason_checks_tma_strides_and_failures(monkeypatch):

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .. import _backend
+from .head_wgmma import tma_alignment_reason
 
 SOURCE, KERNEL = "head_g_sm90.cu", "head_g_sm90"
 G = 112  # g channels (head.GC)
@@ -54,8 +55,8 @@ def _arch(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> str | None:
-    """Why contiguous features of this shape cannot take the kernel, or None."""
+def shape_reason(c: int, h: int, w: int, device: torch.device | str) -> str | None:
+    """Why contiguous features of this shape cannot take the kernel, or None (any frame count T: it is an argument)."""
     device = torch.device(device)
     if device.type != "cuda" or _arch(device) != (9, 0):
         return "needs an sm_90 GPU (wgmma, setmaxnreg: compiled for sm_90a)"
@@ -70,18 +71,14 @@ def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> 
 
 def reason(features: Tensor, cache: Tensor | None) -> str | None:
     """Why these flat-pixel bf16 tensors cannot take the kernel, or None."""
-    _, c, t, h, w = features.shape
-    why = shape_reason(c, t, h, w, features.device)
+    _, c, _, h, w = features.shape
+    why = shape_reason(c, h, w, features.device)
     if why is None and _failure:
         why = _failure[0]
     if why is None:
-        for name, x in (("features", features), ("cache", cache)):
-            if x is not None and (x.data_ptr() % 16 or any(s % 8 for s, n in zip(x.stride()[:3], x.shape[:3])
-                                                           if n > 1)):
-                return f"{name} is not 16-byte aligned in every stride (TMA)"
-        why = _backend.kernels_unavailable_reason(features.device)
+        why = tma_alignment_reason(features, cache) or _backend.kernels_unavailable_reason(features.device)
     if why is None and features.is_cuda and torch.cuda.is_current_stream_capturing() and not spec_ready(
-            features.device, c, t, cache is not None):
+            features.device, c):
         why = "not compiled before this CUDA-graph capture"
     return why
 
@@ -90,7 +87,7 @@ def _defines(c: int) -> dict[str, int]:
     return {"CHUNKS": c // CHUNK, "SLOTS": _slots(c)}
 
 
-def spec_ready(device, c: int, t: int, has_cache: bool) -> bool:
+def spec_ready(device, c: int) -> bool:
     """True once the kernel for C is compiled and loaded (launching it then compiles nothing; T and the cache are
     arguments)."""
     return _backend.is_loaded(SOURCE, KERNEL, _defines(c), device)

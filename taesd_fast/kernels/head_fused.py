@@ -577,8 +577,8 @@ def spec_ready(spec, config: dict | None = None) -> bool:
     defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
     stencil_ready = _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
     if (cfg["variant"] in ("auto", CUDA_SM90) and not head_cuda._failure
-            and head_cuda.shape_reason(c, t, h, w, spec.device) is None):
-        return stencil_ready and head_cuda.spec_ready(spec.device, c, t, bool(spec.residual))
+            and head_cuda.shape_reason(c, h, w, spec.device) is None):
+        return stencil_ready and head_cuda.spec_ready(spec.device, c)
     if cfg["variant"] in ("auto", HOPPER) and head_wgmma.shape_reason(c, t, h, w, spec.device) is None:
         return stencil_ready and head_wgmma.spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
     if cfg["variant"] == "auto":

@@ -84,8 +84,12 @@ def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
     """Why these (flat-pixel) tensors cannot take the kernel, or None. Shapes as head_fused checks them."""
     _, c, t, h, w = features.shape
     reason = shape_reason(c, t, h, w, features.device)
-    if reason is not None:
-        return reason
+    return reason if reason is not None else tma_alignment_reason(features, cache)
+
+
+def tma_alignment_reason(features: Tensor, cache: Tensor | None) -> str | None:
+    """Why the frames of these bf16 tensors cannot be TMA boxes (a base or a stride of size > 1 not 16-byte
+    aligned), or None. The CUDA head kernel (head_cuda.py) loads them the same way."""
     for name, x in (("features", features), ("cache", cache)):
         if x is not None and (x.data_ptr() % 16 or any(s % 8 for s, n in zip(x.stride()[:3], x.shape[:3]) if n > 1)):
             return f"{name} is not 16-byte aligned in every stride (TMA)"
