@@ -117,6 +117,25 @@ __device__ __forceinline__ u32 activate2(u32 x, float inv_lo, float inv_hi, floa
   return pack_bf16x2(fmaf(h0, tanh_approx(h0), h0), fmaf(h1, tanh_approx(h1), h1));
 }
 
+// ss[p]: this lane's partial sum of squares of pixel p (0..7); returns the warp's total of pixel owned_pixel(lane).
+// A reduce-scatter: each of the first three shuffle rounds sends half of the lane's remaining pixels to the partner
+// and keeps the other half (4 + 2 + 1 shuffles), then two rounds add the last partial sums: 9 shuffles, not 40.
+__device__ __forceinline__ int owned_pixel(int lane) { return 4 * (lane & 1) + 2 * ((lane >> 1) & 1) + ((lane >> 2) & 1); }
+__device__ __forceinline__ int owner_lane(int p) { return ((p >> 2) & 1) | (((p >> 1) & 1) << 1) | ((p & 1) << 2); }
+__device__ __forceinline__ float pixel_sum_of_squares(const float (&ss)[8], int lane) {
+  float r4[4], r2[2];
+  const bool b0 = lane & 1, b1 = lane & 2, b2 = lane & 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)  // bit 0 of the lane picks pixels 4..7 (set) or 0..3
+    r4[j] = (b0 ? ss[j + 4] : ss[j]) + __shfl_xor_sync(0xFFFFFFFFu, b0 ? ss[j] : ss[j + 4], 1);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)  // bit 1: the upper or lower pair of those
+    r2[j] = (b1 ? r4[j + 2] : r4[j]) + __shfl_xor_sync(0xFFFFFFFFu, b1 ? r4[j] : r4[j + 2], 2);
+  float r = (b2 ? r2[1] : r2[0]) + __shfl_xor_sync(0xFFFFFFFFu, b2 ? r2[0] : r2[1], 4);  // bit 2: one pixel
+  r += __shfl_xor_sync(0xFFFFFFFFu, r, 8);
+  return r + __shfl_xor_sync(0xFFFFFFFFu, r, 16);
+}
+
 // Warp w of the activators owns pixels 8w .. 8w + 7 of the tile (one 16-byte unit of each 128-byte channel row);
 // lane l owns rows (channels) l and l + 32 of every chunk. The TMA's 128-byte swizzle puts unit u of row r at
 // u ^ (r % 8): eight lanes read eight rows without bank conflicts.
@@ -162,13 +181,13 @@ __device__ void activate(const Ring& ring, const Tiles& tiles, const float* gs, 
           }
         }
       }
-      float inv[8];  // F.normalize: x / max(||x||, eps), as x * (1 / max(...)) like the Gluon kernel
+      // F.normalize: x / max(||x||, eps), as x * (1 / max(...)) like the Gluon kernel. The warp's 32 lanes hold
+      // partial sums of its 8 pixels; reduced per pixel (40 shuffles and 8 divisions and square roots a lane) this
+      // was 40% of the activation warps' stall samples (Nsight Compute, run EE7).
+      const float mine = __fdiv_rn(1.f, fmaxf(__fsqrt_rn(pixel_sum_of_squares(ss, lane)), eps));
+      float inv[8];
 #pragma unroll
-      for (int p = 0; p < 8; ++p) {
-#pragma unroll
-        for (int m = 16; m >= 1; m /= 2) ss[p] += __shfl_xor_sync(0xFFFFFFFFu, ss[p], m);
-        inv[p] = __fdiv_rn(1.f, fmaxf(__fsqrt_rn(ss[p]), eps));
-      }
+      for (int p = 0; p < 8; ++p) inv[p] = __shfl_sync(0xFFFFFFFFu, mine, owner_lane(p));
 #pragma unroll
       for (int kc = 0; kc < CHUNKS; ++kc) {
 #pragma unroll
@@ -210,21 +229,34 @@ __device__ __forceinline__ void release(Mma& m) {
 }
 
 // Output frame o of tile (img, p0), complete: g[img, o, pixel, 0..111] bf16 (dense [B, T_OUT, H*W, 112]). The lane
-// holds pixels row and row + 8 of its warp's 16, columns 8 j + 2 (lane % 4) + {0, 1}.
+// holds pixels row and row + 8 of its warp's 16, columns 8 j + 2 (lane % 4) + {0, 1}. Lanes 2i and 2i + 1 swap one
+// 4-byte pair per two column blocks, so each stores 8 bytes and a warp's store fills whole 32-byte sectors: 4-byte
+// stores (half sectors, twice the instructions) made g's stores cost 0.17 of 0.49 ms (probe, run EE9).
 __device__ __forceinline__ void store_g(const Mma& m, const float (&d)[56], int img, int p0, int o) {
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int p_a = p0 + (tid / 32) * 16 + lane / 4, p_b = p_a + 8;
-  u16* frame_g = m.g + ((i64)img * m.t_out + o) * m.HW * G + 2 * (lane % 4);
+  const bool odd = lane & 1;
+  // The even lane stores columns 8 j + 2 (lane % 4) + 0..3; the odd one 8 (j + 1) + 2 (lane % 4 - 1) + 0..3.
+  u16* frame_g = m.g + ((i64)img * m.t_out + o) * m.HW * G + (odd ? 8 + 2 * (lane % 4 - 1) : 2 * (lane % 4));
   u32 v[G / 4];  // packed where every lane runs: reading wgmma results on a divergent path serialises the wgmmas
 #pragma unroll
   for (int j = 0; j < G / 4; ++j) {
     v[j] = pack_bf16x2(d[2 * j], d[2 * j + 1]);
     asm volatile("" : "+r"(v[j]));
   }
+  uint2 w[G / 8];  // w[j + r]: row r's (0: p_a, 1: p_b) 8 bytes of column blocks j, j + 1 (j even)
 #pragma unroll
-  for (int j = 0; j < G / 8; ++j) {
-    if (p_a < m.HW) *(u32*)(frame_g + (i64)p_a * G + 8 * j) = v[2 * j];
-    if (p_b < m.HW) *(u32*)(frame_g + (i64)p_b * G + 8 * j) = v[2 * j + 1];
+  for (int j = 0; j < G / 8; j += 2)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const u32 mine = v[2 * j + r], next = v[2 * j + 2 + r];  // blocks j and j + 1 of row r
+      const u32 got = __shfl_xor_sync(0xFFFFFFFFu, odd ? mine : next, 1);
+      w[j + r] = odd ? make_uint2(got, next) : make_uint2(mine, got);
+    }
+#pragma unroll
+  for (int j = 0; j < G / 8; j += 2) {
+    if (p_a < m.HW) *(uint2*)(frame_g + (i64)p_a * G + 8 * j) = w[j];
+    if (p_b < m.HW) *(uint2*)(frame_g + (i64)p_b * G + 8 * j) = w[j + 1];
   }
 }
 
