@@ -12,15 +12,17 @@
 //   * warpgroup 0, thread 0: the producer (TMA loads into freed slots);
 //   * warpgroups 1-2 (8 warps): RMS norm + SiLU of each feature frame, in place (the reference's two bf16
 //     roundings); a warp owns 8 pixels, a lane 2 channels of each chunk, so a pixel's sum of squares is in-thread
-//     plus one warp reduction per frame;
+//     plus one reduce-scatter across the warp per frame;
 //   * warpgroup 3: the MMAs. Window frame s feeds output frames s-2, s-1, s (taps 2, 1, 0) in three fp32
 //     accumulators [64 px][112] (168 registers); output s-2 is complete after frame s and leaves as bf16 g. The
 //     frames go in a 3-frame loop body, so the accumulators rotate by renaming and the code stays small (the
 //     previous CUDA form unrolled every frame and missed the instruction cache: BENCHMARKS.md, run CC7). Frames
 //     s >= T_OUT also leave, from their slot, as the new cache (TMA stores).
 //
-// Measured (H200, the Wan chunk: T=4 + 2 cached, 352x640): 0.614 ms against the Gluon kernel's 0.659, bound by the
-// ring's depth (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7, what else was tried).
+// Measured (H200, the Wan chunk: T=4 + 2 cached, 352x640): 0.450 ms against the Gluon kernel's 0.677 (run EE10;
+// 0.614 before the reduce-scatter and the paired g stores). Still bound by the ring's depth and the g stores
+// (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7 and EE1-EE11, what else was tried: a 2-CTA cluster
+// splitting the weights, g staged for TMA stores, 16-byte g stores).
 //
 // Defines (names NVRTC's built-in headers do not use): CHUNKS = C / 64 (1..4), SLOTS (ring slots). T_OUT and
 // whether a cache exists are arguments (S0 = 0 with a cache, else 2: window frames 0 and 1 are zeros and skipped; the

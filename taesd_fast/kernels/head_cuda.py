@@ -6,11 +6,15 @@ where `reason` is None and falls back to the Gluon kernel, with one warning, if 
 
 Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): 0.30-0.40 ms, HBM-bound (1125 MB
 moved, 0.27 ms at the copy ceiling); tensor cores ~0.15 ms at peak, shared memory ~0.16 ms (each m64n112k16 reads
-5.5 KB of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7): 0.614 ms
-against the Gluon kernel's 0.659 (0.234 vs 0.224 at T=1). What holds it there is the ring, not the math: the
-weights fill 168 of the 227 KB of shared memory, the 7 slots left hold under two frames, and a slot stays taken from
-its load through the frame's norm, activation and MMAs (~6.7 us per chunk), so loads, activation and MMAs wait on
-one another (Nsight Compute: DRAM 30% busy, tensor pipe 27%, the activation warps mostly waiting for TMA data).
+5.5 KB of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7, EE1-EE11):
+0.614 ms first, now 0.450 against the Gluon kernel's 0.677 (0.198 vs 0.222 at T=1), after two fixes that Nsight
+Compute and the probe (scripts/head_cuda_probe.py) pointed at: the per-pixel sum of squares as one reduce-scatter
+across the warp (it was 40% of the activation warps' stall samples) and g stored as 8-byte pairs filling whole
+sectors. What holds it there: the weights fill 168 of the 227 KB of shared memory, the 7 slots left hold under two
+frames, a slot stays taken from its load through the frame's norm, activation and MMAs (one slot fewer: +7%), and
+g's stores from the MMA warpgroup still cost ~0.13 ms (probe "no g store": 0.320). Splitting the weights over a
+2-CTA cluster (15 slots, TMA multicast, g staged for TMA stores) measured 0.62 ms: both CTAs then activate every
+frame, and that doubled work costs more than the deeper ring gains (run EE8).
 """
 
 from __future__ import annotations
