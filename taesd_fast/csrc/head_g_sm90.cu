@@ -119,10 +119,10 @@ __device__ __forceinline__ u32 activate2(u32 x, float inv_lo, float inv_hi, floa
   return pack_bf16x2(fmaf(h0, tanh_approx(h0), h0), fmaf(h1, tanh_approx(h1), h1));
 }
 
-// ss[p]: this lane's partial sum of squares of pixel p (0..7); returns the warp's total of pixel owned_pixel(lane).
-// A reduce-scatter: each of the first three shuffle rounds sends half of the lane's remaining pixels to the partner
-// and keeps the other half (4 + 2 + 1 shuffles), then two rounds add the last partial sums: 9 shuffles, not 40.
-__device__ __forceinline__ int owned_pixel(int lane) { return 4 * (lane & 1) + 2 * ((lane >> 1) & 1) + ((lane >> 2) & 1); }
+// ss[p]: this lane's partial sum of squares of pixel p (0..7); returns the warp's total of pixel 4 b0 + 2 b1 + b2,
+// where b0, b1, b2 are the lane's bits 0, 1, 2 (owner_lane(p) is a lane holding pixel p's total). A reduce-scatter:
+// each of the first three shuffle rounds sends half of the lane's remaining pixels to the partner and keeps the other
+// half (4 + 2 + 1 shuffles), then two rounds add the last partial sums: 9 shuffles, not 40.
 __device__ __forceinline__ int owner_lane(int p) { return ((p >> 2) & 1) | (((p >> 1) & 1) << 1) | ((p & 1) << 2); }
 __device__ __forceinline__ float pixel_sum_of_squares(const float (&ss)[8], int lane) {
   float r4[4], r2[2];
