@@ -16,7 +16,7 @@ NO_MMA = ("""    tap<R, 2>(m, acc, s, kc, a);
     tap<R, 1>(m, acc, s, kc, a);
     tap<R, 0>(m, acc, s, kc, a);
 """, "")
-NO_ACT = ("      if (s < 2) {  // a cached frame", "      if (true) {  // a cached frame")
+NO_ACT = ("const bool cached = s < 2;", "const bool cached = true;")  # chunks copied on, not activated
 NO_G = ("    store_g(m, acc[(R + 1) % 3], img, p0, s - 2);\n", "")
 NO_CACHE_STORE = [("if (store && threadIdx.x % 128 == 0) tma_store_4d(", "if (false) tma_store_4d("),
                   ("m.pending_store = store;", "m.pending_store = false;")]

@@ -6,35 +6,40 @@
 //
 // A persistent program per SM walks 64-pixel tiles. The weights W^T [3 taps][112][C] stay in shared memory (168 KB
 // at C = 256, K-major, 128-byte swizzled as the TMA writes them). Every window frame of a tile (the 2 cached frames,
-// then the T feature frames) streams through a ring of SLOTS slots, one TMA box [64 channels][64 pixels] each. The
-// activated box is the wgmma A operand as it lies: pixel-major ("MN-major", transposed), so nothing is reshuffled.
-// 512 threads in four warpgroups, handing slots on through mbarriers (ready -> act -> free):
-//   * warpgroup 0, thread 0: the producer (TMA loads into freed slots);
-//   * warpgroups 1-2 (8 warps): RMS norm + SiLU of each feature frame, in place (the reference's two bf16
-//     roundings); a warp owns 8 pixels, a lane 2 channels of each chunk, so a pixel's sum of squares is in-thread
-//     plus one reduce-scatter across the warp per frame;
-//   * warpgroup 3: the MMAs. Window frame s feeds output frames s-2, s-1, s (taps 2, 1, 0) in three fp32
-//     accumulators [64 px][112] (168 registers); output s-2 is complete after frame s and leaves as bf16 g. The
-//     frames go in a 3-frame loop body, so the accumulators rotate by renaming and the code stays small (the
-//     previous CUDA form unrolled every frame and missed the instruction cache: BENCHMARKS.md, run CC7). Frames
-//     s >= T_OUT also leave, from their slot, as the new cache (TMA stores).
+// then the T feature frames) streams through shared memory in chunks, one TMA box [64 channels][64 pixels] each,
+// through two rings of 8 KB slots: SLOTS - ACT_SLOTS raw slots (TMA loads) and ACT_SLOTS activated ones (the MMAs'
+// operands). The activated box is the wgmma A operand as it lies: pixel-major ("MN-major", transposed), so nothing is
+// reshuffled. 512 threads in four warpgroups, handing slots on through full/empty mbarriers:
+//   * warpgroup 0, thread 0: the producer (TMA loads into free raw slots);
+//   * warpgroups 1-2 (8 warps): RMS norm + SiLU of each feature frame (the reference's two bf16 roundings); a warp
+//     owns 8 pixels, a lane 2 channels of each chunk, so a pixel's sum of squares is in-thread plus one
+//     reduce-scatter across the warp per frame. The norm needs the whole frame: the warps hold it in registers and
+//     free each raw slot as soon as it is read, then write the activated chunks into the other ring. (One ring,
+//     activated in place, kept each slot from its load through the frame's last chunk and the MMAs: 0.45 vs 0.41 ms,
+//     BENCHMARKS.md run FF6);
+//   * warpgroup 3: the MMAs, from the activated ring. Window frame s feeds output frames s-2, s-1, s (taps 2, 1,
+//     0) in three fp32 accumulators [64 px][112] (168 registers); output s-2 is complete after frame s and leaves
+//     as bf16 g. The frames go in a 3-frame loop body, so the accumulators rotate by renaming and the code stays
+//     small (the previous CUDA form unrolled every frame and missed the instruction cache: BENCHMARKS.md, run CC7).
+//     Frames s >= T_OUT also leave, from their activated slot, as the new cache (TMA stores).
 //
-// Measured (H200, the Wan chunk: T=4 + 2 cached, 352x640): 0.450 ms against the Gluon kernel's 0.677 (run EE10;
-// 0.614 before the reduce-scatter and the paired g stores). Still bound by the ring's depth and the g stores
-// (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7 and EE1-EE11, what else was tried: a 2-CTA cluster
-// splitting the weights, g staged for TMA stores, 16-byte g stores).
+// Measured (H200, the Wan chunk: T=4 + 2 cached, 352x640): 0.41 ms against the Gluon kernel's 0.66 (BENCHMARKS.md
+// run FF6; 0.614 before the reduce-scatter and the paired g stores, 0.45 with one ring). Now the MMA warpgroup sets
+// the pace (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7, EE1-EE11 and FF1-FF8, what else was tried).
 //
-// Defines (names NVRTC's built-in headers do not use): CHUNKS = C / 64 (1..4), SLOTS (ring slots). T_OUT and
+// Defines (names NVRTC's built-in headers do not use): CHUNKS = C / 64 (1..4), SLOTS (slots in all), ACT_SLOTS
+// (activated slots, >= 2: the MMAs hold one chunk's slot while the next one's MMAs are issued). T_OUT and
 // whether a cache exists are arguments (S0 = 0 with a cache, else 2: window frames 0 and 1 are zeros and skipped; the
 // caller zeroes the new cache's frame 0 when T_OUT = 1).
 
 #define G 112                    // g channels: 9 spatial taps x 12 outputs, padded
-#define CHUNK_BYTES 8192         // one ring slot: 64 channels x 64 pixels of one frame
+#define CHUNK_BYTES 8192         // one slot: 64 channels x 64 pixels of one frame
 #define W_BOX_BYTES (G * 128)    // one weight box: 112 rows of W^T_k x 64 channels
 #define W_BYTES (3 * CHUNKS * W_BOX_BYTES)
 #define ACT_WARPS 8
 
-// d (+)= A[64 px, 16 c] x B[16 c, 112]: A from a ring slot (pixel-major, transposed), B from the weights (K-major).
+// d (+)= A[64 px, 16 c] x B[16 c, 112]: A from an activated slot (pixel-major, transposed), B from the weights
+// (K-major).
 // accumulate = 0 overwrites d; run = 0 skips it (a predicate, not a branch around the call: see tap()).
 __device__ __forceinline__ void mma(float (&d)[56], unsigned long long a, unsigned long long b, u32 accumulate,
                                     u32 run) {
@@ -64,12 +69,19 @@ __device__ __forceinline__ void mma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+#define RAW_SLOTS (SLOTS - ACT_SLOTS)
+
+// N slots of one chunk each, at slots + i * CHUNK_BYTES, with a full and an empty barrier each (8 bytes apart).
+template <int N>
 struct Ring {
-  u32 slots, ready, act, free;  // slot i at slots + i * CHUNK_BYTES; its barriers 8 bytes apart
-  __device__ u32 slot(u32 q) const { return slots + (q % SLOTS) * CHUNK_BYTES; }
-  __device__ u32 bar(u32 base, u32 q) const { return base + 8 * (q % SLOTS); }
-  __device__ u32 parity(u32 q) const { return (q / SLOTS) & 1; }
+  u32 slots, full, empty;
+  __device__ u32 slot(u32 q) const { return slots + (q % N) * CHUNK_BYTES; }
+  __device__ u32 full_bar(u32 q) const { return full + 8 * (q % N); }
+  __device__ u32 empty_bar(u32 q) const { return empty + 8 * (q % N); }
+  __device__ u32 parity(u32 q) const { return (q / N) & 1; }
 };
+using RawRing = Ring<RAW_SLOTS>;  // TMA loads -> the activation warps' registers
+using ActRing = Ring<ACT_SLOTS>;  // activated chunks -> the MMAs (and the new cache's TMA stores)
 
 struct Tiles {  // this program's tiles: pid, pid + nprog, ...
   int pid, nprog, count, per_img;
@@ -79,14 +91,14 @@ struct Tiles {  // this program's tiles: pid, pid + nprog, ...
 
 // ---- producer -------------------------------------------------------------------------------------------------
 
-__device__ void produce(const Ring& ring, const Tiles& tiles, const TmaMap* x_map, const TmaMap* c_map, int t_out,
+__device__ void produce(const RawRing& ring, const Tiles& tiles, const TmaMap* x_map, const TmaMap* c_map, int t_out,
                         int s0) {
   u32 q = 0;
   for (int i = 0; i < tiles.count; ++i)
     for (int s = s0; s < t_out + 2; ++s)
       for (int kc = 0; kc < CHUNKS; ++kc, ++q) {
-        mbar_wait(ring.bar(ring.free, q), ring.parity(q) ^ 1);  // fresh barriers count as freed
-        u32 full = ring.bar(ring.ready, q);
+        mbar_wait(ring.empty_bar(q), ring.parity(q) ^ 1);  // fresh barriers count as freed
+        u32 full = ring.full_bar(q);
         mbar_expect_tx(full, CHUNK_BYTES);
         if (s < 2) tma_load_4d(ring.slot(q), c_map, full, tiles.p0(i), s, kc * 64, tiles.img(i));
         else tma_load_4d(ring.slot(q), x_map, full, tiles.p0(i), s - 2, kc * 64, tiles.img(i));
@@ -141,7 +153,8 @@ __device__ __forceinline__ float pixel_sum_of_squares(const float (&ss)[8], int 
 // Warp w of the activators owns pixels 8w .. 8w + 7 of the tile (one 16-byte unit of each 128-byte channel row);
 // lane l owns rows (channels) l and l + 32 of every chunk. The TMA's 128-byte swizzle puts unit u of row r at
 // u ^ (r % 8): eight lanes read eight rows without bank conflicts.
-__device__ void activate(const Ring& ring, const Tiles& tiles, const float* gs, float eps, int t_out, int s0) {
+__device__ void activate(const RawRing& raw, const ActRing& act, const Tiles& tiles, const float* gs, float eps,
+                         int t_out, int s0) {
   const int warp = (threadIdx.x / 32) % ACT_WARPS, lane = threadIdx.x % 32;
   float half_gs[CHUNKS][2];
 #pragma unroll
@@ -157,24 +170,16 @@ __device__ void activate(const Ring& ring, const Tiles& tiles, const float* gs, 
   u32 q = 0;
   for (int i = 0; i < tiles.count; ++i)
     for (int s = s0; s < t_out + 2; ++s, q += CHUNKS) {
-      if (s < 2) {  // a cached frame, already activated: pass it on
-        for (int kc = 0; kc < CHUNKS; ++kc) {
-          // Every lane waits: a parity wait is only right for a waiter at most one phase behind, so a lane that
-          // skipped this one would pass the next frame's wait before the data is there.
-          mbar_wait(ring.bar(ring.ready, q + kc), ring.parity(q + kc));
-          __syncwarp();
-          if (lane == 0) mbar_arrive(ring.bar(ring.act, q + kc), 1);
-        }
-        continue;
-      }
+      const bool cached = s < 2;  // a cached frame, already activated: copied on as it is
       uint4 x[CHUNKS][2];
       float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kc = 0; kc < CHUNKS; ++kc) {
-        mbar_wait(ring.bar(ring.ready, q + kc), ring.parity(q + kc));
+        // Every lane waits: a parity wait is only right for a waiter at most one phase behind.
+        mbar_wait(raw.full_bar(q + kc), raw.parity(q + kc));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          x[kc][h] = ld_shared_v4(ring.slot(q + kc) + offs[h]);
+          x[kc][h] = ld_shared_v4(raw.slot(q + kc) + offs[h]);
           const u32 w[4] = {x[kc][h].x, x[kc][h].y, x[kc][h].z, x[kc][h].w};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -182,28 +187,37 @@ __device__ void activate(const Ring& ring, const Tiles& tiles, const float* gs, 
             ss[2 * j + 1] = fmaf(hi_f(w[j]), hi_f(w[j]), ss[2 * j + 1]);
           }
         }
+        // The chunk is in registers: its slot can take the next load. The arrive does not wait for the lane's
+        // shared loads to return; the fence does (without it the next TMA load sometimes overwrote a slot that a
+        // warp was still reading: 1-13 runs in 20 differed, run FF5).
+        asm volatile("fence.acq_rel.cta;" ::: "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(raw.empty_bar(q + kc), 1);
       }
-      // F.normalize: x / max(||x||, eps), as x * (1 / max(...)) like the Gluon kernel. The warp's 32 lanes hold
-      // partial sums of its 8 pixels; reduced per pixel (40 shuffles and 8 divisions and square roots a lane) this
-      // was 40% of the activation warps' stall samples (Nsight Compute, run EE7).
-      const float mine = __fdiv_rn(1.f, fmaxf(__fsqrt_rn(pixel_sum_of_squares(ss, lane)), eps));
       float inv[8];
+      if (!cached) {
+        // F.normalize: x / max(||x||, eps), as x * (1 / max(...)) like the Gluon kernel.
+        const float mine = __fdiv_rn(1.f, fmaxf(__fsqrt_rn(pixel_sum_of_squares(ss, lane)), eps));
 #pragma unroll
-      for (int p = 0; p < 8; ++p) inv[p] = __shfl_sync(0xFFFFFFFFu, mine, owner_lane(p));
+        for (int p = 0; p < 8; ++p) inv[p] = __shfl_sync(0xFFFFFFFFu, mine, owner_lane(p));
+      }
 #pragma unroll
       for (int kc = 0; kc < CHUNKS; ++kc) {
+        mbar_wait(act.empty_bar(q + kc), act.parity(q + kc) ^ 1);  // fresh barriers count as freed
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint4 v = x[kc][h];
-          v.x = activate2(v.x, inv[0], inv[1], half_gs[kc][h]);
-          v.y = activate2(v.y, inv[2], inv[3], half_gs[kc][h]);
-          v.z = activate2(v.z, inv[4], inv[5], half_gs[kc][h]);
-          v.w = activate2(v.w, inv[6], inv[7], half_gs[kc][h]);
-          st_shared_v4(ring.slot(q + kc) + offs[h], v);
+          if (!cached) {
+            v.x = activate2(v.x, inv[0], inv[1], half_gs[kc][h]);
+            v.y = activate2(v.y, inv[2], inv[3], half_gs[kc][h]);
+            v.z = activate2(v.z, inv[4], inv[5], half_gs[kc][h]);
+            v.w = activate2(v.w, inv[6], inv[7], half_gs[kc][h]);
+          }
+          st_shared_v4(act.slot(q + kc) + offs[h], v);
         }
         fence_async_shared();  // the wgmmas and the cache's TMA store read the slot through the async proxy
         __syncwarp();
-        if (lane == 0) mbar_arrive(ring.bar(ring.act, q + kc), 1);
+        if (lane == 0) mbar_arrive(act.full_bar(q + kc), 1);
       }
     }
 }
@@ -211,7 +225,7 @@ __device__ void activate(const Ring& ring, const Tiles& tiles, const float* gs, 
 // ---- MMAs -----------------------------------------------------------------------------------------------------
 
 struct Mma {
-  Ring ring;
+  ActRing ring;
   unsigned long long a0, w0;  // descriptors of slot 0 and of the first weight box
   u16* g;
   const TmaMap* nc_map;
@@ -226,7 +240,7 @@ struct Mma {
 __device__ __forceinline__ void release(Mma& m) {
   if (m.pending < 0) return;
   if (m.pending_store) tma_store_wait_read();
-  mbar_arrive(m.ring.bar(m.ring.free, m.pending), 1);
+  mbar_arrive(m.ring.empty_bar(m.pending), 1);
   m.pending = -1;
 }
 
@@ -280,10 +294,10 @@ template <int R>
 __device__ __forceinline__ void mma_frame(Mma& m, float (&acc)[3][56], int s, int img, int p0) {
   for (int kc = 0; kc < CHUNKS; ++kc, ++m.q) {
     const u32 q = m.q;
-    mbar_wait(m.ring.bar(m.ring.act, q), m.ring.parity(q));
+    mbar_wait(m.ring.full_bar(q), m.ring.parity(q));
     const bool store = s >= m.t_out;  // window frames T_OUT, T_OUT + 1: the new cache's frames 0, 1
     if (store && threadIdx.x % 128 == 0) tma_store_4d(m.nc_map, m.ring.slot(q), p0, s - m.t_out, kc * 64, img);
-    const unsigned long long a = m.a0 + (((q % SLOTS) * CHUNK_BYTES) >> 4);
+    const unsigned long long a = m.a0 + (((q % ACT_SLOTS) * CHUNK_BYTES) >> 4);
     mma_fence();
     tap<R, 2>(m, acc, s, kc, a);
     tap<R, 1>(m, acc, s, kc, a);
@@ -323,16 +337,20 @@ extern "C" __global__ void __launch_bounds__(512, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle pattern repeats every 1024 bytes
   const u32 w_base = base, slots = base + W_BYTES, bars = slots + SLOTS * CHUNK_BYTES;
-  const Ring ring{slots, bars, bars + 8 * SLOTS, bars + 16 * SLOTS};
+  const RawRing raw{slots, bars, bars + 8 * RAW_SLOTS};
+  const ActRing act{slots + RAW_SLOTS * CHUNK_BYTES, bars + 16 * RAW_SLOTS, bars + 16 * RAW_SLOTS + 8 * ACT_SLOTS};
   const u32 w_bar = bars + 24 * SLOTS;
   const int pid = blockIdx.x, nprog = gridDim.x;
   const Tiles tiles{pid, nprog, (n_tiles - pid + nprog - 1) / nprog, tiles_per_img};
   const int s0 = has_cache ? 0 : 2;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < SLOTS; ++i) {
-      mbar_init(ring.ready + 8 * i, 1);
-      mbar_init(ring.act + 8 * i, ACT_WARPS);
-      mbar_init(ring.free + 8 * i, 128);  // every MMA thread
+    for (int i = 0; i < RAW_SLOTS; ++i) {
+      mbar_init(raw.full + 8 * i, 1);
+      mbar_init(raw.empty + 8 * i, ACT_WARPS);
+    }
+    for (int i = 0; i < ACT_SLOTS; ++i) {
+      mbar_init(act.full + 8 * i, ACT_WARPS);
+      mbar_init(act.empty + 8 * i, 128);  // every MMA thread
     }
     mbar_init(w_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -343,14 +361,14 @@ extern "C" __global__ void __launch_bounds__(512, 1)
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) produce(ring, tiles, &x_map, &c_map, t_out, s0);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0) produce(raw, tiles, &x_map, &c_map, t_out, s0);
   } else if (wg <= 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 112;");
-    activate(ring, tiles, gs, eps, t_out, s0);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 120;");
+    activate(raw, act, tiles, gs, eps, t_out, s0);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    Mma m{ring, desc(slots), desc(w_base), g, &nc_map, HW, t_out, s0, 0u, -1, false};
+    Mma m{act, desc(act.slots), desc(w_base), g, &nc_map, HW, t_out, s0, 0u, -1, false};
     mbar_wait(w_bar, 0);
     multiply(m, tiles);
   }

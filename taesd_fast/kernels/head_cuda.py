@@ -6,15 +6,17 @@ where `reason` is None and falls back to the Gluon kernel, with one warning, if 
 
 Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): 0.30-0.40 ms, HBM-bound (1125 MB
 moved, 0.27 ms at the copy ceiling); tensor cores ~0.15 ms at peak, shared memory ~0.16 ms (each m64n112k16 reads
-5.5 KB of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7, EE1-EE11):
-0.614 ms first, now 0.450 against the Gluon kernel's 0.677 (0.198 vs 0.222 at T=1), after two fixes that Nsight
-Compute and the probe (scripts/head_cuda_probe.py) pointed at: the per-pixel sum of squares as one reduce-scatter
-across the warp (it was 40% of the activation warps' stall samples) and g stored as 8-byte pairs filling whole
-sectors. What holds it there: the weights fill 168 of the 227 KB of shared memory, the 7 slots left hold under two
-frames, a slot stays taken from its load through the frame's norm, activation and MMAs (one slot fewer: +7%), and
-g's stores from the MMA warpgroup still cost ~0.13 ms (probe "no g store": 0.320). Splitting the weights over a
-2-CTA cluster (15 slots, TMA multicast, g staged for TMA stores) measured 0.62 ms: both CTAs then activate every
-frame, and that doubled work costs more than the deeper ring gains (run EE8).
+5.5 KB of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7, EE1-EE11,
+FF1-FF8): 0.614 ms first, now 0.41 against the Gluon kernel's 0.66 (0.187 vs 0.222 at T=1), after three fixes that
+Nsight Compute and the probe (scripts/head_cuda_probe.py) pointed at: the per-pixel sum of squares as one
+reduce-scatter across the warp (it was 40% of the activation warps' stall samples), g stored as 8-byte pairs filling
+whole sectors, and two rings instead of one (the weights fill 168 of the 227 KB of shared memory; the 7 slots left
+hold under two frames, and with one ring a slot stayed taken from its load through the frame's norm, activation and
+MMAs). Now the activation warps wait for the MMA warpgroup (run FF7), which issues ~11 instructions of descriptor
+and predicate upkeep per wgmma and stores g between frames with the tensor pipe drained (probe "no g store": 0.32
+ms before the rings were split). Not kept: a 2-CTA cluster splitting the weights (0.62 ms: both CTAs activate every
+frame), g staged for TMA stores, g stored while the next frame's MMAs run (a fourth accumulator: 0.49 ms; or between
+taps: 0.47 ms).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ BLOCK_P = 64  # pixels per tile
 CHUNK = 64  # channels per ring slot
 SMEM_LIMIT = 232448  # sm_90's opt-in shared memory per block
 MAX_SLOTS = 12
+ACT_SLOTS = 3  # of the slots, those holding activated chunks for the MMAs (2: 0.51 ms, 4: 0.49, 3: 0.41; run FF6)
 
 _failure: list[str] = []  # why it could not compile or launch in this process, once it could not
 
@@ -46,7 +49,8 @@ def give_up(error: Exception) -> None:
 
 
 def _slots(c: int) -> int:
-    """Ring slots (8 KB each, and 3 barriers) that fit beside the resident weights (and 1 KB of alignment)."""
+    """Slots of both rings (8 KB each, and 3 barriers' room) that fit beside the resident weights (and 1 KB of
+    alignment)."""
     free = SMEM_LIMIT - 1024 - 3 * (c // CHUNK) * G * 128 - 8
     return min(MAX_SLOTS, free // (CHUNK * BLOCK_P * 2 + 24))
 
@@ -88,7 +92,7 @@ def reason(features: Tensor, cache: Tensor | None) -> str | None:
 
 
 def _defines(c: int) -> dict[str, int]:
-    return {"CHUNKS": c // CHUNK, "SLOTS": _slots(c)}
+    return {"CHUNKS": c // CHUNK, "SLOTS": _slots(c), "ACT_SLOTS": ACT_SLOTS}
 
 
 def spec_ready(device, c: int) -> bool:
