@@ -330,16 +330,24 @@ def test_torch_compile_fullgraph():
     assert torch.equal(got, want.float() * 2) and torch.equal(got_cache, want_cache)
 
 
+# The Wan chunk (26-27 tiles per program: the rings wrap), and shapes with at most one tile per program, where the
+# FF5 race (a raw slot reloaded before a warp had read it) showed in 6-13 runs of 20 (at the Wan chunk in 0-1).
+REPEAT_SHAPES = [(4, 352, 640, True), (1, 352, 640, False), (3, 64, 72, True), (4, 64, 72, False)]
+
+
+@pytest.mark.parametrize("t,h,w,with_cache", REPEAT_SHAPES)
 @pytest.mark.parametrize("cfg", HOPPER)
-def test_hopper_repeat_runs_are_bitwise_equal(cfg):
-    """The Hopper kernels hand ring slots over through mbarriers only (compute-sanitizer's racecheck does not
-    follow the TMA load's barrier completion between them, see BENCHMARKS.md); their sums have a fixed order, so
-    any lost handover would show as a run that differs. The Wan chunk size: 26-27 tiles per program, the ring wraps."""
+def test_hopper_repeat_runs_are_bitwise_equal(cfg, t, h, w, with_cache):
+    """The Hopper kernels hand slots over through mbarriers only (compute-sanitizer's racecheck does not follow the
+    TMA load's barrier completion between them, see BENCHMARKS.md); their sums have a fixed order, so any lost
+    handover would show as a run that differs."""
     _needs_sm90()
     head = _head(seed=12)
-    features, cache = _inputs(1, 256, 4, 352, 640, seed=12)
+    features, cache = _inputs(1, 256, t, h, w, seed=12, with_cache=with_cache)
     args = (features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
     first_out, first_cache = hf.fused_head_with(*args)
+    differing = 0
     for _ in range(20):
         out, new_cache = hf.fused_head_with(*args)
-        assert torch.equal(out, first_out) and torch.equal(new_cache, first_cache)
+        differing += not (torch.equal(out, first_out) and torch.equal(new_cache, first_cache))
+    assert differing == 0, f"{differing} of 20 runs differ from the first"
