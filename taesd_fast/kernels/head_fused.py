@@ -1,7 +1,7 @@
 """Fused Wan head: RMS norm + SiLU + causal temporal GEMM straight from the raw features (one "g kernel"), then the
 existing 9-tap stencil (taesd_fast::head_stencil) for bias + spatial taps + clamp. On sm_90 the g kernel is the CUDA
-C++ one in head_cuda.py (variant "cuda_sm90": 0.450 ms at the Wan chunk size, T=4 + 2 cached; 0.198 at T=1), else
-the Gluon one in head_wgmma.py (variant "wgmma": 0.677 and 0.222 ms there, BENCHMARKS.md run EE10);
+C++ one in head_cuda.py (variant "cuda_sm90": 0.411 ms at the Wan chunk size, T=4 + 2 cached; 0.187 at T=1), else
+the Gluon one in head_wgmma.py (variant "wgmma": 0.685 and 0.222 ms there, BENCHMARKS.md run FF9);
 elsewhere, or where neither can run, one of the two Triton kernels below. DEFAULT_CONFIG's "auto" chooses.
 
     A_s = cache[:, :, s]                                   s < 2   (the activated causal frames)
