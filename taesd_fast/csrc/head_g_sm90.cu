@@ -40,12 +40,11 @@
 
 // d (+)= A[64 px, 16 c] x B[16 c, 112]: A from an activated slot (pixel-major, transposed), B from the weights
 // (K-major).
-// accumulate = 0 overwrites d; run = 0 skips it (a predicate, not a branch around the call: see tap()).
-__device__ __forceinline__ void mma(float (&d)[56], unsigned long long a, unsigned long long b, u32 accumulate,
-                                    u32 run) {
+// accumulate = 0 overwrites d.
+__device__ __forceinline__ void mma(float (&d)[56], unsigned long long a, unsigned long long b, u32 accumulate) {
   asm volatile(
-      "{\n .reg .pred p, r;\n setp.ne.b32 p, %58, 0;\n setp.ne.b32 r, %59, 0;\n"
-      "@r wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
+      "{\n .reg .pred p;\n setp.ne.b32 p, %58, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, "
       "%8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, "
@@ -61,7 +60,7 @@ __device__ __forceinline__ void mma(float (&d)[56], unsigned long long a, unsign
         "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-      : "l"(a), "l"(b), "r"(accumulate), "r"(run));
+      : "l"(a), "l"(b), "r"(accumulate));
 }
 
 template <int N>
@@ -277,17 +276,20 @@ __device__ __forceinline__ void store_g(const Mma& m, const float (&d)[56], int 
 }
 
 // Tap K of window frame s feeds output o = s - K (if it exists) through acc[(R - K) % 3]; its first MMA (at frame
-// max(o, S0), chunk 0, k-step 0) overwrites the accumulator. (Code that reads the accumulators or branches per thread
-// between wgmmas made ptxas serialise them all, C7520: hence the predicate, and store_g packing before its branches.)
+// max(o, S0), chunk 0, k-step 0) overwrites the accumulator. Taps of outputs that do not exist are skipped by one
+// warp-uniform branch around their four wgmmas: a predicate on each wgmma (the previous form) made ptxas put a
+// branch, a warpgroup.arrive and a scoreboard group around every one of them. (Code that reads the accumulators or
+// branches per thread between wgmmas made ptxas serialise them all, C7520: hence store_g packing before its branches.)
 template <int R, int K>
 __device__ __forceinline__ void tap(const Mma& m, float (&acc)[3][56], int s, int kc, unsigned long long a) {
   const int o = s - K;
-  const u32 run = o >= 0 && o < m.t_out;
+  const bool run = o >= 0 && o < m.t_out;
   const u32 first = (s == (o > m.s0 ? o : m.s0)) && kc == 0;
   const unsigned long long w = m.w0 + (((K * CHUNKS + kc) * W_BOX_BYTES) >> 4);
+  if (!run) return;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)  // k-step: 16 channels, 2048 bytes down the slot, 32 bytes along a weight row
-    mma(acc[(R - K + 3) % 3], a + ((ks * 2048) >> 4), w + ((ks * 32) >> 4), !(first && ks == 0), run);
+    mma(acc[(R - K + 3) % 3], a + ((ks * 2048) >> 4), w + ((ks * 32) >> 4), !(first && ks == 0));
 }
 
 template <int R>
