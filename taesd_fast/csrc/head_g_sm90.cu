@@ -25,7 +25,7 @@
 //
 // Measured (H200, the Wan chunk: T=4 + 2 cached, 352x640): 0.41 ms against the Gluon kernel's 0.66 (BENCHMARKS.md
 // run FF6; 0.614 before the reduce-scatter and the paired g stores, 0.45 with one ring). Now the MMA warpgroup sets
-// the pace (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7, EE1-EE11 and FF1-FF8, what else was tried).
+// the pace (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7, EE1-EE11 and FF1-FF11, what else was tried).
 //
 // Defines (names NVRTC's built-in headers do not use): CHUNKS = C / 64 (1..4), SLOTS (slots in all), ACT_SLOTS
 // (activated slots, >= 2: the MMAs hold one chunk's slot while the next one's MMAs are issued). T_OUT and
