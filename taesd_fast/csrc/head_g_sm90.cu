@@ -279,7 +279,8 @@ __device__ __forceinline__ void store_g(const Mma& m, const float (&d)[56], int 
 // max(o, S0), chunk 0, k-step 0) overwrites the accumulator. Taps of outputs that do not exist are skipped by one
 // warp-uniform branch around their four wgmmas: a predicate on each wgmma (the previous form) made ptxas put a
 // branch, a warpgroup.arrive and a scoreboard group around every one of them. (Code that reads the accumulators or
-// branches per thread between wgmmas made ptxas serialise them all, C7520: hence store_g packing before its branches.)
+// branches per thread between wgmmas made ptxas serialise them all, C7520: hence store_g packing before its
+// branches.)
 template <int R, int K>
 __device__ __forceinline__ void tap(const Mma& m, float (&acc)[3][56], int s, int kc, unsigned long long a) {
   const int o = s - K;
