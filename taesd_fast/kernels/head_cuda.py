@@ -134,7 +134,7 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     kernel = _backend.get_kernel(source, KERNEL, _defines(c), device=features.device)
     grid = min(b * tiles, _sm_count(features.device))
     args = [x_map, c_map, w_map, nc_map, gs, g, h * w, b * tiles, tiles, t, int(cache is not None), float(eps)]
-    kernel((grid,), (512,), args, smem=_smem(c))
+    kernel((grid,), (kernel.max_threads,), args, smem=_smem(c))  # the source's __launch_bounds__ sets the block
 
 
 @functools.cache
