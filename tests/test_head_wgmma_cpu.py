@@ -35,16 +35,24 @@ def test_shape_reason_names_the_limit(monkeypatch):
     assert "needs an sm_90 GPU" in hw.shape_reason(256, 4, 352, 640, "cuda:0")
 
 
+def test_tma_alignment_reason():
+    # Both Hopper head kernels (this one and head_cuda's) load the frames as TMA boxes through this check.
+    x = torch.randn(2, 64, 6, 4, 8).bfloat16()
+    assert hw.tma_alignment_reason(x, None) is None
+    assert hw.tma_alignment_reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
+    # a channel stride of 193 elements (386 bytes) cannot be a TMA stride
+    uneven = torch.randn(2 * 65 * 193).bfloat16().as_strided((2, 64, 6, 4, 8), (65 * 193, 193, 32, 8, 1))
+    assert "features is not 16-byte aligned in every stride" in hw.tma_alignment_reason(uneven, None)
+    shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
+    assert "features is not 16-byte aligned" in hw.tma_alignment_reason(shifted, None)
+    assert "cache is not 16-byte aligned" in hw.tma_alignment_reason(x, shifted[:, :, :2])
+
+
 def test_unsupported_reason_checks_tma_strides(monkeypatch):
     monkeypatch.setattr(hw, "shape_reason", lambda *a: None)  # pretend the device and shape are fine
     x = torch.randn(2, 64, 6, 4, 8).bfloat16()
     assert hw.unsupported_reason(x, None) is None
-    assert hw.unsupported_reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
-    # a channel stride of 193 elements (386 bytes) cannot be a TMA stride
-    uneven = torch.randn(2 * 65 * 193).bfloat16().as_strided((2, 64, 6, 4, 8), (65 * 193, 193, 32, 8, 1))
-    assert "features is not 16-byte aligned in every stride" in hw.unsupported_reason(uneven, None)
     shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
-    assert "features is not 16-byte aligned" in hw.unsupported_reason(shifted, None)
     assert "cache is not 16-byte aligned" in hw.unsupported_reason(x, shifted[:, :, :2])
 
 
