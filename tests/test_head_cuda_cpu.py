@@ -47,15 +47,6 @@ def test_reason_checks_tma_strides_and_failures(monkeypatch):
     assert "NVRTC could not compile" in hc.reason(x, None)
 
 
-def test_frames_layout_gives_size_one_dims_dense_strides():
-    x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
-    dims, strides = hc.frames_layout(x[:, :, 1:2], 1)  # T = 1 and B = 1: torch may give those dims any stride
-    assert dims == [128, 1, 256, 1]
-    assert strides == [128, 512, 256 * 512]  # the channel stride is real (4 frames of 128 pixels)
-    dims, strides = hc.frames_layout(torch.zeros(2, 64, 3, 4, 8)[:, :, 1:], 2)  # a frame slice keeps its strides
-    assert dims == [32, 2, 64, 2] and strides == [32, 96, 64 * 96]
-
-
 def test_auto_prefers_cuda_then_gluon_then_triton(monkeypatch):
     from taesd_fast.kernels import head_wgmma
 

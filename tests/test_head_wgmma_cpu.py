@@ -56,14 +56,23 @@ def test_unsupported_reason_checks_tma_strides(monkeypatch):
     assert "cache is not 16-byte aligned" in hw.unsupported_reason(x, shifted[:, :, :2])
 
 
-def test_descriptor_gives_size_one_dims_dense_strides():
+def test_frames_layout_gives_size_one_dims_dense_strides():
+    # The TMA view of both Hopper head kernels (head_cuda's descriptors take it innermost first).
+    x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
+    shape, strides = hw.frames_layout(x[:, :, 1:2], 1)  # T = 1 and B = 1: torch may give those dims any stride
+    assert shape == [1, 256, 1, 128]
+    assert strides == [256 * 512, 512, 128, 1]  # the channel stride is real (4 frames of 128 pixels)
+    shape, strides = hw.frames_layout(torch.zeros(2, 64, 3, 4, 8)[:, :, 1:], 2)  # a frame slice keeps its strides
+    assert shape == [2, 64, 2, 32] and strides == [64 * 96, 96, 32, 1]
+
+
+def test_descriptor_boxes():
     from triton.experimental.gluon import language as gl
 
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
-    d = hw._desc(x[:, :, 1:2], 1, layout)  # T = 1 and B = 1: torch may give those dims any stride
-    assert list(d.shape) == [1, 256, 1, 128]
-    assert list(d.strides) == [256 * 512, 512, 128, 1]
+    d = hw._desc(x[:, :, 1:2], 1, layout)
+    assert (list(d.shape), list(d.strides)) == tuple(hw.frames_layout(x[:, :, 1:2], 1))
     assert list(d.block_shape) == [1, 64, 1, 64]
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .. import _backend
-from .head_wgmma import tma_alignment_reason
+from .head_wgmma import frames_layout, tma_alignment_reason
 
 SOURCE, KERNEL = "head_g_sm90.cu", "head_g_sm90"
 G = 112  # g channels (head.GC)
@@ -104,21 +104,11 @@ def spec_ready(device, c: int) -> bool:
     return _backend.is_loaded(SOURCE, KERNEL, _defines(c), device)
 
 
-def frames_layout(x: Tensor, frames: int) -> tuple[list[int], list[int]]:
-    """(dims innermost first, strides of dims 1..) of flat-pixel x [B, C, F, H, W] seen as [B, C, F, H*W]. A size-1
-    dimension may carry any stride in torch; TMA wants 16-byte multiples, so those get a dense one."""
-    b, c, _, h, w = x.shape
-    dims = [h * w, frames, c, b]
-    strides = [x.stride(2), x.stride(1), x.stride(0)]
-    for d in range(1, 4):
-        if dims[d] == 1:
-            strides[d - 1] = dims[d - 1] * (strides[d - 2] if d > 1 else 1)
-    return dims, strides
-
-
 def _frames_map(x: Tensor, frames: int):
-    """TMA descriptor over x's frames, boxes of 64 pixels x 64 channels of one frame."""
-    return _backend.tensor_map(x, *frames_layout(x, frames), [BLOCK_P, 1, CHUNK, 1])
+    """TMA descriptor over x's frames (head_wgmma.frames_layout, innermost first), boxes of 64 pixels x 64 channels
+    of one frame."""
+    shape, strides = frames_layout(x, frames)
+    return _backend.tensor_map(x, shape[::-1], strides[-2::-1], [BLOCK_P, 1, CHUNK, 1])
 
 
 def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,

@@ -354,16 +354,22 @@ if gluon is not None:
         ], [4, 1, 8], [NARROW_REGS, 24, ACT_REGS])
 
 
-def _desc(t: Tensor, frames: int, layout) -> "TensorDescriptor":
-    """TMA descriptor over flat-pixel t [B, C, F, H, W] seen as [B, C, F, H*W], boxes [1, 64, 1, 64]. A size-1
-    dimension may carry any stride in torch; TMA wants 16-byte multiples, so those get a dense one."""
+def frames_layout(t: Tensor, frames: int) -> tuple[list[int], list[int]]:
+    """(shape, strides) of flat-pixel t [B, C, F, H, W] seen as [B, C, F, H*W], the TMA view both Hopper head kernels
+    load (head_cuda.py too). A size-1 dimension may carry any stride in torch; TMA wants 16-byte multiples, so those
+    get a dense one."""
     b, c, _, h, w = t.shape
     shape = [b, c, frames, h * w]
     strides = [t.stride(0), t.stride(1), t.stride(2), 1]
     for d in (2, 1, 0):
         if shape[d] == 1:
             strides[d] = strides[d + 1] * shape[d + 1]
-    return TensorDescriptor(t, shape, strides, [1, CHUNK, 1, BLOCK_P], layout)
+    return shape, strides
+
+
+def _desc(t: Tensor, frames: int, layout) -> "TensorDescriptor":
+    """TMA descriptor over t's frames (frames_layout), boxes [1, 64, 1, 64]."""
+    return TensorDescriptor(t, *frames_layout(t, frames), [1, CHUNK, 1, BLOCK_P], layout)
 
 
 _compiled: set = set()  # specialisations launched so far (see spec_ready)
