@@ -72,7 +72,7 @@ def test_descriptor_boxes():
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
     d = hw._desc(x[:, :, 1:2], 1, layout)
-    assert (list(d.shape), list(d.strides)) == tuple(hw.frames_layout(x[:, :, 1:2], 1))
+    assert (list(d.shape), list(d.strides)) == hw.frames_layout(x[:, :, 1:2], 1)
     assert list(d.block_shape) == [1, 64, 1, 64]
 
 

@@ -5,21 +5,20 @@ power-of-two shapes cut the columns 64 + 32 + 16, with the frame loaded into reg
 where `reason` is None and falls back to the Gluon kernel, with one warning, if it cannot compile or launch.
 
 Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): 0.30-0.40 ms, HBM-bound (1125 MB
-moved, 0.27 ms at the copy ceiling); tensor cores ~0.15 ms at peak, shared memory ~0.16 ms (each m64n112k16 reads
-5.5 KB of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7, EE1-EE11,
-FF1-FF12, GG1-GG9): 0.614 ms first, now 0.41 against the Gluon kernel's 0.66 (0.187 vs 0.222 at T=1), after three fixes that
-Nsight Compute and the probe (scripts/head_cuda_probe.py) pointed at: the per-pixel sum of squares as one
-reduce-scatter across the warp (it was 40% of the activation warps' stall samples), g stored as 8-byte pairs filling
-whole sectors, and two rings instead of one (the weights fill 168 of the 227 KB of shared memory; the 7 slots left
-hold under two frames, and with one ring a slot stayed taken from its load through the frame's norm, activation and
-MMAs). Now the activation warps wait for the MMA warpgroup (run FF7), which stores g between frames with the tensor
-pipe drained (probe "no g store": 0.29 of 0.42 ms, run FF12), and the raw ring's depth limits the loads (one raw slot
-fewer: +23%); chaining the wgmmas (one warpgroup.arrive per tap instead of one per wgmma) changed nothing (run FF11).
-Not kept: a 2-CTA cluster splitting the weights (0.62 ms: both CTAs activate every frame), g staged for TMA stores, g
-stored while the next frame's MMAs run (a fourth accumulator: 0.49 ms; or between taps: 0.47 ms), the activation warps
-in two groups taking alternate frames (0.51-0.56 ms, runs GG1-GG2), two MMA warpgroups of 56 columns each (0.60 ms,
-run GG4); g stored in the accumulators' own layout (3-5% faster alone, run GG9; the stencil would need a
-reader for it).
+moved, 0.27 ms at the copy ceiling); tensor cores ~0.15 ms at peak, shared memory ~0.16 ms (each m64n112k16 reads 5.5 KB
+of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7, EE1-EE11, FF1-FF12,
+GG1-GG9): 0.614 ms first, now 0.41 against the Gluon kernel's 0.66 (0.187 vs 0.222 at T=1), after three fixes that
+Nsight Compute and the probe (scripts/head_cuda_probe.py) pointed at: the per-pixel sum of squares as one reduce-scatter
+across the warp (it was 40% of the activation warps' stall samples), g stored as 8-byte pairs filling whole sectors, and
+two rings instead of one (the weights fill 168 of the 227 KB of shared memory; the 7 slots left hold under two frames,
+and with one ring a slot stayed taken from its load through the frame's norm, activation and MMAs). Now the activation
+warps wait for the MMA warpgroup (run FF7), which stores g between frames with the tensor pipe drained (probe "no g
+store": 0.29 of 0.42 ms, run FF12), and the raw ring's depth limits the loads (one raw slot fewer: +23%); chaining the
+wgmmas (one warpgroup.arrive per tap instead of one per wgmma) changed nothing (run FF11). Not kept: a 2-CTA cluster
+splitting the weights (0.62 ms: both CTAs activate every frame), g staged for TMA stores, g stored while the next
+frame's MMAs run (a fourth accumulator: 0.49 ms; or between taps: 0.47 ms), the activation warps in two groups taking
+alternate frames (0.51-0.56 ms, runs GG1-GG2), two MMA warpgroups of 56 columns each (0.60 ms, run GG4); g stored in the
+accumulators' own layout (3-5% faster alone, run GG9; the stencil would need a reader for it).
 """
 
 from __future__ import annotations
