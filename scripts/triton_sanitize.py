@@ -70,8 +70,10 @@ for t, with_cache, h, w_ in HEAD_CASES:
     win = head_act.activated_window(x, cache, gamma, 1e-12)
     variant = head_fused._variant("auto", x, cache)
     out, new_cache = head_fused.fused_head(x, cache, gamma, wt, bias, 1e-12, c**0.5)
+    video, _ = head_fused.fused_head(x, cache, gamma, wt, bias, 1e-12, c**0.5, 2)  # the stencil writing the video
     torch.cuda.synchronize()
     conv_ref = torch.nn.functional.conv3d(ref.float(), wt.float(), bias.float(), padding=(0, 1, 1)).clamp(-1, 1)
     print(f"head T={t} cache={with_cache} {h}x{w_}: window rel err {rel(win, ref):.2e}, fused head ({variant}) rel "
-          f"err {rel(out, conv_ref):.2e}, new cache rel err {rel(new_cache, ref[:, :, -2:]):.2e}")
+          f"err {rel(out, conv_ref):.2e}, new cache rel err {rel(new_cache, ref[:, :, -2:]):.2e}, video rel err "
+          f"{rel(video, hk.unpatchify(conv_ref, 2)):.2e}")
 print("sanitize script done")

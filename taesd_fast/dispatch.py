@@ -64,6 +64,7 @@ class Spec:
     layout: str  # "nchw" | "channels_last" | "strided"
     upsample: int = 1  # conv2d: nearest upsample of x by this factor before the conv (kernels fold it)
     pre_clamp: bool = False  # conv2d: soft clamp 3*tanh(x/3) of x before the conv (the decoder's Clamp)
+    patch: int = 0  # head_full: unpatchify the output by this factor (0: none; kernels write the video directly)
 
     def key(self, gpu: str, graph: bool = False) -> str:
         """Timings-file key; `graph` marks timings taken as CUDA-graph replays."""
@@ -73,7 +74,7 @@ class Spec:
                 f"x{shp(self.x_shape)}|w{shp(self.w_shape)}|"
                 f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
-                + ("|graph" if graph else ""))
+                + (f"|p{self.patch}" if self.patch else "") + ("|graph" if graph else ""))
 
 
 def _layout(x: Tensor) -> str:
@@ -93,7 +94,7 @@ def _layout(x: Tensor) -> str:
 class Candidate:
     """One implementation of a call `kind`. `supports(spec)` returns None or why not; `run` takes the
     kind's arguments: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp), head (x, w, b), head_full
-    (x, cache, gamma, w, b, eps) returning (out, new cache). `kernel=True` marks
+    (x, cache, gamma, w, b, eps, patch) returning (out, new cache). `kernel=True` marks
     custom kernels (they also need kernels_available and are what auto mode must justify by timing).
     `ready(spec)` says it can launch without compiling/loading (checked during CUDA-graph capture)."""
 
@@ -127,20 +128,22 @@ def _torch_head(x, w, b):
     return F.conv3d(x, w, b, padding=(0, 1, 1)).clamp(-1.0, 1.0)
 
 
-def _torch_head_full(x, cache, gamma, w, b, eps):
+def _torch_head_full(x, cache, gamma, w, b, eps, patch=0):
     window = _split_head.causal_window(_split_head.activate(x, gamma, eps), cache)
-    return _torch_head(window, w, b), window[:, :, -2:]
+    return _split_head.unpatchify(_torch_head(window, w, b), patch), window[:, :, -2:]
 
 
-def _split_head_full(x, cache, gamma, w, b, eps):
+def _split_head_full(x, cache, gamma, w, b, eps, patch=0):
     window = _split_head.causal_window(_split_head.activate(x, gamma, eps), cache)
-    return _split_head.split_head_conv(window, w, b), window[:, :, -2:]
+    return _split_head.split_head_conv(window, w, b, patch=patch), window[:, :, -2:]
 
 
 def _head_full_window_spec(s: Spec) -> Spec:
-    """The conv's spec inside a head_full call: the window has 2 more frames than the features."""
+    """The split conv's spec inside a head_full call: the window has 2 more frames than the features (the patch
+    selects the stencil kernel that writes the video)."""
     b, c, t, h, w = s.x_shape
-    return Spec("head", s.device, (b, c, t + 2, h, w), s.w_shape, s.dtype, 1, s.bias, False, False, s.layout)
+    return Spec("head", s.device, (b, c, t + 2, h, w), s.w_shape, s.dtype, 1, s.bias, False, False, s.layout,
+                patch=s.patch)
 
 
 def _f16_candidate(variant: str) -> Candidate:
@@ -404,9 +407,9 @@ def _fresh_args(kind: str, args: tuple) -> tuple:
         return (_fresh_like(x), _fresh_like(w, fan_in**-0.5), _fresh_like(b, 0.1), stride, _fresh_like(res), relu,
                 *folds)
     if kind == "head_full":
-        x, cache, gamma, w, b, eps = args
+        x, cache, gamma, w, b, eps, patch = args
         return (_fresh_like(x), _fresh_like(cache), _fresh_like(gamma).add_(1.0), _fresh_like(w, w[0].numel() ** -0.5),
-                _fresh_like(b, 0.1), eps)
+                _fresh_like(b, 0.1), eps, patch)
     x, w, b = args
     return (_fresh_like(x), _fresh_like(w, w[0].numel() ** -0.5), _fresh_like(b, 0.1))
 
@@ -609,17 +612,17 @@ def _decide_eager(key: tuple, mode: str, args: tuple) -> "Record":
         return rec
 
 
-def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> tuple:
+def _key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, patch=0) -> tuple:
     """Spec's fields as a plain tuple (same order), built on every call: the device and the shapes stay torch
     objects (hashing a torch.Size equals hashing the tuple); `_spec` converts them on the slow path."""
     return (kind, x.device, x.shape, w.shape, x.dtype, stride, b is not None, residual is not None, relu, _layout(x),
-            upsample, pre_clamp)
+            upsample, pre_clamp, patch)
 
 
 def _spec(key: tuple) -> Spec:
-    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp = key
+    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, layout, upsample, pre_clamp, patch = key
     return Spec(kind, str(device), tuple(x_shape), tuple(w_shape), dtype, int(stride), bias, residual, bool(relu),
-                layout, int(upsample), bool(pre_clamp))
+                layout, int(upsample), bool(pre_clamp), int(patch))
 
 
 # ------------------------------------------------------------------------------------ contract
@@ -651,16 +654,16 @@ def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Modul
     return _choose(_key("head", x, weight, bias, 1, None, False), args, layer)(*args)
 
 
-def head_full(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float, *,
-              layer: nn.Module | None = None) -> tuple[Tensor, Tensor]:
+def head_full(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+              patch: int = 0, *, layer: nn.Module | None = None) -> tuple[Tensor, Tensor]:
     """The whole output head: window = [cache | silu(rms_norm(x))] (zero frames when cache is None), then
-    (clamp(conv3d(window, weight, bias, padding=(0, 1, 1)), -1, 1), window[:, :, -2:]).
-    x: [B, C_in, T, H, W]; cache: [B, C_in, 2, H, W] post-SiLU frames or None."""
-    args = (x, cache, gamma, weight, bias, eps)
+    (unpatchify(clamp(conv3d(window, weight, bias, padding=(0, 1, 1)), -1, 1), patch), window[:, :, -2:]).
+    x: [B, C_in, T, H, W]; cache: [B, C_in, 2, H, W] post-SiLU frames or None; patch 0: no unpatchify."""
+    args = (x, cache, gamma, weight, bias, eps, patch)
     if _mode == "torch" or _needs_grad(x, cache, gamma, weight, bias):
         return _torch_head_full(*args)
     # Spec.residual records whether a cache was given (the first chunk has none).
-    return _choose(_key("head_full", x, weight, bias, 1, cache, False), args, layer)(*args)
+    return _choose(_key("head_full", x, weight, bias, 1, cache, False, patch=patch), args, layer)(*args)
 
 
 # ------------------------------------------------------------------------------------ reporting
@@ -686,7 +689,8 @@ def dispatch_table(model: nn.Module) -> str:
             spec = r.spec
             res = "cache" if spec.kind == "head_full" else "res"
             flags = "+".join(f for f, on in (("clamp", spec.pre_clamp), ("up2", spec.upsample == 2), ("bias", spec.bias),
-                                             (res, spec.residual), ("relu", spec.relu)) if on)
+                                             (res, spec.residual), ("relu", spec.relu),
+                                             (f"unpatchify{spec.patch}", spec.patch)) if on)
             times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
             rows.append([getattr(mod, "layer_name", name) or name, _fmt_shape(spec.x_shape), _fmt_shape(spec.w_shape),
                          str(spec.dtype).replace("torch.", ""), str(spec.stride), flags or "-", spec.layout, r.choice,

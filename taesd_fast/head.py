@@ -13,7 +13,6 @@ import os
 
 import torch
 import torch.nn as nn
-from einops import rearrange
 
 from . import dispatch
 from .kernels import head as head_ops
@@ -84,10 +83,9 @@ class OutputHead(nn.Module):
         """
         check_tensor(features, "features", channels=self.in_channels, like=self.conv_out.weight, rank=5)
         self._check_cache(features, cache)
-        # One dispatched call for norm, SiLU, window and conv, so a kernel can fuse all of them.
-        out, new_cache = dispatch.head_full(features, cache, self.norm_out.gamma, self.conv_out.weight,
-                                            self.conv_out.bias, self.norm_out.eps, layer=self.conv_out)
-        return self.unpatchify(out), new_cache
+        # One dispatched call for norm, SiLU, window, conv and unpatchify, so a kernel can fuse all of them.
+        return dispatch.head_full(features, cache, self.norm_out.gamma, self.conv_out.weight, self.conv_out.bias,
+                                  self.norm_out.eps, self.patch_size or 0, layer=self.conv_out)
 
     def forward_activated(self, activated: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Like forward, for callers that already applied the RMS norm and SiLU (see `activate`)."""
@@ -109,11 +107,8 @@ class OutputHead(nn.Module):
             )
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        if self.patch_size is None:
-            return x
-        p = self.patch_size
-        # Channel order (c, r, q): r steps the width offset, q the height offset. Not pixel_shuffle's order.
-        return rearrange(x, "b (c r q) f h w -> b c f (h q) (w r)", q=p, r=p)
+        """[B, C_out, T, H, W] -> [B, C_out/p², T, H*p, W*p] (Wan's channel order, not pixel_shuffle's)."""
+        return head_ops.unpatchify(x, self.patch_size or 0)
 
     @classmethod
     def from_pretrained(

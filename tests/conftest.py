@@ -108,6 +108,18 @@ def random_output_head(c_in: int = 256, seed: int = 0, *, gamma_spread: float = 
     return head.eval()
 
 
+def video_from_channels(out: torch.Tensor, p: int) -> torch.Tensor:
+    """The Wan unpatchify written out slice by slice (independent of the package's rearrange): channel (c*p + s)*p + q
+    of [B, C*p*p, T, H, W] is row offset q and column offset s of video channel c."""
+    b, n, t, h, w = out.shape
+    video = out.new_full((b, n // (p * p), t, h * p, w * p), float("nan"))
+    for c in range(n // (p * p)):
+        for s in range(p):
+            for q in range(p):
+                video[:, c, :, q::p, s::p] = out[:, (c * p + s) * p + q]
+    return video
+
+
 @pytest.fixture
 def no_tf32():
     """cuDNN runs fp32 convs in TF32 by default, which would make an fp32 reference a ~1e-3 reference."""

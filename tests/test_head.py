@@ -394,8 +394,8 @@ def test_checkpoint_with_wrong_conv_shape(tmp_path):
 
 
 def test_forward_is_one_dispatched_head_full_call():
-    """forward hands norm, SiLU, window and conv to the dispatcher as one call (a kernel may fuse all of it);
-    on CPU that call runs PyTorch, recorded under conv_out with the cache flag of the chunk."""
+    """forward hands norm, SiLU, window, conv and unpatchify to the dispatcher as one call (a kernel may fuse all of
+    it); on CPU that call runs PyTorch, recorded under conv_out with the cache flag of the chunk and the patch."""
     from taesd_fast import dispatch
 
     torch.manual_seed(3)
@@ -406,4 +406,4 @@ def test_forward_is_one_dispatched_head_full_call():
         head(torch.randn(1, 16, 2, 5, 6), cache)
     rows = [r for r in head.dispatch_table().splitlines() if r.startswith("conv_out")]
     assert len(rows) == 2 and all(" torch " in r for r in rows)
-    assert "1x16x3x5x6" in rows[0] and "bias " in rows[0] and "bias+cache" in rows[1]
+    assert "1x16x3x5x6" in rows[0] and "bias+unpatchify2 " in rows[0] and "bias+cache+unpatchify2 " in rows[1]

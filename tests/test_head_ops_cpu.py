@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import video_from_channels
 from taesd_fast.kernels import head as hk
 
 
@@ -122,6 +123,26 @@ def test_wrong_depth_or_height_raises():
         hk.conv_n128(x, wt)
 
 
+@pytest.mark.parametrize("band_rows", [None, 1, 4])
+@pytest.mark.parametrize("patch", [1, 2])
+def test_patch_gives_the_unpatchified_video(patch, band_rows):
+    # The stencil's video layout, whole and in row bands, against the channel-by-channel unpatchify of its output.
+    x, wt, bias = _case(b=2, t=2, h=9, w=6, seed=6)
+    want = video_from_channels(hk.split_head_conv(x, wt, bias), patch)
+    got = hk.split_head_conv(x, wt, bias, band_rows=band_rows, patch=patch)
+    assert got.is_contiguous() and torch.equal(got, want)
+    assert torch.equal(hk.unpatchify(hk.split_head_conv(x, wt, bias), patch), want)
+
+
+def test_patch_must_divide_the_channels():
+    x, wt, bias = _case(t=1, h=4, w=5)
+    g = hk.conv_n128_ref(x, hk.pack_weight(wt))
+    with pytest.raises(ValueError, match="C_out=12 divisible by p\\*p, got 3"):
+        hk.head_stencil(g, bias, 1, 0, 4, 4, 0, 3)
+    with pytest.raises(ValueError, match="got -1"):
+        hk.head_stencil(g, bias, 1, 0, 4, 4, 0, -1)
+
+
 def test_pack_weight_layout():
     _, wt, _ = _case(c_in=5)
     wp = hk.pack_weight(wt)
@@ -157,6 +178,7 @@ def test_opcheck_cpu():
     torch.library.opcheck(hk.conv_n128, (x.contiguous(memory_format=torch.channels_last_3d), wp))
     torch.library.opcheck(hk.head_stencil, (g, bias, 2, 0, 5, 5, 0))
     torch.library.opcheck(hk.head_stencil, (g[:, :, 1:5], bias, 2, 2, 2, 5, 1))
+    torch.library.opcheck(hk.head_stencil, (g[:, :, 1:5], bias, 2, 2, 2, 5, 1, 2))
 
 
 def test_traces_without_graph_breaks():

@@ -9,9 +9,12 @@
 // (pixel-major from the GEMM form of conv_n128): strides must be multiples of 4 elements.
 //
 // Defines: NCH (output channels, e.g. 12), GC (g channel stride, e.g. 112 >= 9*NCH), G_F32 (1: g and
-// out are f32; 0: bf16). One thread per output pixel: the 9 taps of one pixel are 9 short segments of
-// 9 neighbouring g pixels, and neighbouring threads reuse each other's sectors through L1/L2, so DRAM
-// sees g about once. Grid: (ceil(rows*W / 256), T, B).
+// out are f32; 0: bf16), PATCH (0: out is [B, T, rows, W, NCH]; p >= 1: out is the unpatchified video
+// [B, NCH/p^2, T, rows*p, W*p] contiguous, channel (c*p + s)*p + q going to row offset q and column
+// offset s, so OutputHead's rearrange, a copy of the whole output, is not needed). One thread per output
+// pixel: the 9 taps of one pixel are 9 short segments of 9 neighbouring g pixels, and neighbouring
+// threads reuse each other's sectors through L1/L2, so DRAM sees g about once.
+// Grid: (ceil(rows*W / 256), T, B).
 
 #ifndef NCH
 #define NCH 12
@@ -21,6 +24,9 @@
 #endif
 #ifndef G_F32
 #define G_F32 0
+#endif
+#ifndef PATCH
+#define PATCH 0
 #endif
 
 #if G_F32
@@ -57,10 +63,46 @@ __device__ __forceinline__ float hs_load1(const gtype* p) {
 // NaN-propagating clamp, like torch.clamp.
 __device__ __forceinline__ float hs_clamp(float v) { return v < -1.f ? -1.f : (v > 1.f ? 1.f : v); }
 
+#if PATCH
+// out[b, c, t, r*PATCH + q, w*PATCH + s] = acc[(c*PATCH + s)*PATCH + q] (the rearrange
+// "b (c s q) t h w -> b c t (h q) (w s)"). With PATCH 2 the two column offsets of a row are one 4- or
+// 8-byte store, and a warp's 32 pixels write 128 or 256 contiguous bytes per (c, q).
+__device__ __forceinline__ void store_video(gtype* out, const float* acc, int b, int t, int r, int w, int rows,
+                                            int W) {
+  constexpr int P = PATCH, COUT = NCH / (PATCH * PATCH);
+  const int T = gridDim.y;
+  const i64 row_len = (i64)W * P, frame = (i64)rows * P * row_len;
+#pragma unroll
+  for (int c = 0; c < COUT; ++c) {
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      gtype* o = out + ((i64)b * COUT + c) * T * frame + t * frame + (i64)(r * P + q) * row_len + (i64)w * P;
+#if PATCH == 2
+      const float left = hs_clamp(acc[(c * P) * P + q]), right = hs_clamp(acc[(c * P + 1) * P + q]);
+#if G_F32
+      *reinterpret_cast<float2*>(o) = make_float2(left, right);
+#else
+      *reinterpret_cast<u32*>(o) = pack_bf16x2(left, right);
+#endif
+#else
+#pragma unroll
+      for (int s = 0; s < P; ++s) {
+#if G_F32
+        o[s] = hs_clamp(acc[(c * P + s) * P + q]);
+#else
+        o[s] = f2bf(hs_clamp(acc[(c * P + s) * P + q]));
+#endif
+      }
+#endif
+    }
+  }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(256) head_stencil(
     const gtype* __restrict__ g,     // [B, T, rows_g, W, GC], strides gs_* in elements, channels dense
     const float* __restrict__ bias,  // [NCH] f32
-    gtype* __restrict__ out,         // [B, T, rows, W, NCH] dense
+    gtype* __restrict__ out,         // [B, T, rows, W, NCH] dense, or the video (PATCH)
     int rows, int W, int rows_g, int lo, int H_global, int g_start,
     i64 gs_b, i64 gs_t, i64 gs_row, i64 gs_w) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;  // pixel inside one frame's band
@@ -101,6 +143,9 @@ extern "C" __global__ void __launch_bounds__(256) head_stencil(
     }
   }
 
+#if PATCH
+  store_video(out, acc, b, t, r, w, rows, W);
+#else
   gtype* o = out + ((i64)(b * gridDim.y + t) * rows * W + p) * NCH;
 #if G_F32 && HS_VEC
 #pragma unroll
@@ -122,5 +167,6 @@ extern "C" __global__ void __launch_bounds__(256) head_stencil(
 #else
 #pragma unroll
   for (int c = 0; c < NCH; ++c) o[c] = f2bf(hs_clamp(acc[c]));
+#endif
 #endif
 }

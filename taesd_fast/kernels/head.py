@@ -23,6 +23,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor
 
 from .derived import derived as _derived
@@ -32,7 +33,7 @@ _CL3D = torch.channels_last_3d
 
 __all__ = [
     "GC", "conv_n128", "conv_n128_ref", "head_stencil", "head_stencil_ref", "launch_head_stencil", "pack_weight",
-    "toeplitz_weight", "split_head_conv",
+    "toeplitz_weight", "split_head_conv", "unpatchify", "stencil_defines", "head_stencil_cuda",
     "spec_unsupported_reason", "spec_ready",
 ]
 
@@ -59,6 +60,14 @@ def causal_window(activated: Tensor, cache: Tensor | None, frames: int = 2) -> T
         b, c, _, h, w = activated.shape
         cache = activated.new_zeros(b, c, frames, h, w)
     return torch.cat([cache, activated], dim=2)
+
+
+def unpatchify(x: Tensor, patch: int) -> Tensor:
+    """[B, C*p*p, T, H, W] -> [B, C, T, H*p, W*p]: channel (c*p + s)*p + q goes to row offset q and column offset s
+    (Wan's order, not pixel_shuffle's). patch 0 leaves x as it is."""
+    if not patch:
+        return x
+    return rearrange(x, "b (c s q) f h w -> b c f (h q) (w s)", q=patch, s=patch)
 
 
 # --------------------------------------------------------------------------- weights
@@ -122,11 +131,15 @@ def _check_conv_n128(x: Tensor, w_packed: Tensor) -> None:
         raise ValueError(f"conv_n128: x needs T+2 >= 3 frames (2 causal frames in front), got {x.shape[2]}")
 
 
-def _check_stencil(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> int:
+def _check_stencil(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int,
+                   patch: int = 0) -> int:
     """Raise ValueError naming expected and actual shapes; return g_start (global row of g row 0)."""
     if bias.dim() != 1:
         raise ValueError(f"head_stencil: bias must be [C_out], got shape {tuple(bias.shape)}")
     nch = bias.shape[0]
+    if patch < 0 or (patch and nch % (patch * patch)):
+        raise ValueError(f"head_stencil: patch must be 0 (none) or p >= 1 with C_out={nch} divisible by p*p, "
+                         f"got {patch}")
     if not (0 <= lo and rows >= 1 and lo + rows <= H_global):
         raise ValueError(f"head_stencil: band rows [{lo}, {lo + rows}) is not inside an image of height {H_global}")
     if g_off < 0 or (g_off == 0 and (lo > 0 or lo + rows < H_global)):
@@ -225,14 +238,18 @@ def _conv_n128_fake(x: Tensor, w_packed: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- head_stencil
 
 
-def _new_out(like: Tensor, b: int, nch: int, depth: int, rows: int, w: int) -> Tensor:
-    # [B, C_out, T, rows, W] channels-last: memory order (B, T, rows, W, C_out), as the kernel writes it.
+def _new_out(like: Tensor, b: int, nch: int, depth: int, rows: int, w: int, patch: int = 0) -> Tensor:
+    """[B, C_out, T, rows, W] channels-last (memory order (B, T, rows, W, C_out)), or with a patch p the video
+    [B, C_out/p², T, rows*p, W*p] contiguous: as the kernel writes them."""
+    if patch:
+        return like.new_empty((b, nch // (patch * patch), depth, rows * patch, w * patch))
     return torch.empty((b, nch, depth, rows, w), dtype=like.dtype, device=like.device, memory_format=_CL3D)
 
 
-def head_stencil_ref(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+def head_stencil_ref(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int,
+                     patch: int = 0) -> Tensor:
     """PyTorch twin of the kernel; same tap order, so bit-equal on the same g."""
-    g_start = _check_stencil(g, bias, depth, lo, rows, H_global, g_off)
+    g_start = _check_stencil(g, bias, depth, lo, rows, H_global, g_off, patch)
     nch, (b, t, _, w, gc) = bias.shape[0], g.shape
     # canvas row r holds global row lo-1+r, zero outside the image; columns 0 and W+1 are the zero border.
     canvas = g.new_zeros((b, t, rows + 2, w + 2, gc), dtype=torch.float32)
@@ -243,16 +260,17 @@ def head_stencil_ref(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_
         for j in range(3):
             k = i * 3 + j
             acc = acc + canvas[:, :, i: i + rows, j: j + w, k * nch: (k + 1) * nch]
-    out = _new_out(g, b, nch, depth, rows, w)
-    out.copy_(acc.clamp(-1, 1).permute(0, 4, 1, 2, 3))
+    out = _new_out(g, b, nch, depth, rows, w, patch)
+    out.copy_(unpatchify(acc.clamp(-1, 1).permute(0, 4, 1, 2, 3), patch))
     return out
 
 
 @torch.library.custom_op("taesd_fast::head_stencil", mutates_args=())
-def head_stencil(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+def head_stencil(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int,
+                 patch: int = 0) -> Tensor:
     """g [B, T=depth, rows_g, W, GC] (bf16 or f32, channels dense), bias [C_out] -> [B, C_out, T, rows, W]
-    channels_last_3d, g.dtype."""
-    return head_stencil_ref(g, bias, depth, lo, rows, H_global, g_off)
+    channels_last_3d, g.dtype; with patch p >= 1 the video unpatchify(out, p), contiguous, written directly."""
+    return head_stencil_ref(g, bias, depth, lo, rows, H_global, g_off, patch)
 
 
 def _kernel_strides_ok(g: Tensor) -> bool:
@@ -262,32 +280,42 @@ def _kernel_strides_ok(g: Tensor) -> bool:
 
 
 @head_stencil.register_kernel("cuda")
-def _head_stencil_cuda(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
+def head_stencil_cuda(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int,
+                      patch: int = 0) -> Tensor:
+    """head_stencil's CUDA implementation; the fused head calls it directly, being inside an op of its own."""
     from .._backend import kernels_available
 
-    g_start = _check_stencil(g, bias, depth, lo, rows, H_global, g_off)
+    g_start = _check_stencil(g, bias, depth, lo, rows, H_global, g_off, patch)
     b, t, _, w, _ = g.shape
     if g.dtype not in (torch.bfloat16, torch.float32) or max(b, t) > 65535 or not kernels_available(g.device):
-        return head_stencil_ref(g, bias, depth, lo, rows, H_global, g_off)
+        return head_stencil_ref(g, bias, depth, lo, rows, H_global, g_off, patch)
     if not _kernel_strides_ok(g):
         g = g.clone(memory_format=torch.contiguous_format)
-    out = _new_out(g, b, bias.shape[0], depth, rows, w)
-    launch_head_stencil(g, bias.to(device=g.device, dtype=torch.float32).contiguous(), out, lo, H_global, g_start)
+    out = _new_out(g, b, bias.shape[0], depth, rows, w, patch)
+    launch_head_stencil(g, bias.to(device=g.device, dtype=torch.float32).contiguous(), out, lo, H_global, g_start,
+                        patch)
     return out
 
 
-def launch_head_stencil(g: Tensor, b32: Tensor, out: Tensor, lo: int, H_global: int, g_start: int) -> None:
-    """Raw launch into a caller-made `out` [B, C_out, T, rows, W] channels_last_3d (tests poison it first).
-    Arguments as checked by _check_stencil; g strides as _kernel_strides_ok requires."""
+def stencil_defines(nch: int, g_f32: bool = False, patch: int = 0, gc: int = GC) -> dict[str, int]:
+    """The stencil kernel's compile-time constants (also the key it is loaded under)."""
+    return {"NCH": nch, "GC": gc, "G_F32": int(g_f32), "PATCH": patch}
+
+
+def launch_head_stencil(g: Tensor, b32: Tensor, out: Tensor, lo: int, H_global: int, g_start: int,
+                        patch: int = 0) -> None:
+    """Raw launch into a caller-made `out`: [B, C_out, T, rows, W] channels_last_3d, or with patch p the contiguous
+    video [B, C_out/p², T, rows*p, W*p] (tests poison it first). Arguments as checked by _check_stencil; g strides
+    as _kernel_strides_ok requires."""
     import ctypes
 
     from .._backend import get_kernel
 
     b, t, rows_g, w, gc = g.shape
-    nch, rows = b32.shape[0], out.shape[3]
+    rows = out.shape[3] // max(patch, 1)
     if out.numel() == 0:
         return
-    k = get_kernel("head_bf16.cu", "head_stencil", {"NCH": nch, "GC": gc, "G_F32": int(g.dtype == torch.float32)},
+    k = get_kernel("head_bf16.cu", "head_stencil", stencil_defines(b32.shape[0], g.dtype == torch.float32, patch, gc),
                    device=g.device)
     threads = 256
     strides = [ctypes.c_int64(st) for st in g.stride()[:4]]
@@ -296,9 +324,10 @@ def launch_head_stencil(g: Tensor, b32: Tensor, out: Tensor, lo: int, H_global: 
 
 
 @head_stencil.register_fake
-def _head_stencil_fake(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int) -> Tensor:
-    _check_stencil(g, bias, depth, lo, rows, H_global, g_off)
-    return _new_out(g, g.shape[0], bias.shape[0], depth, rows, g.shape[3])
+def _head_stencil_fake(g: Tensor, bias: Tensor, depth: int, lo: int, rows: int, H_global: int, g_off: int,
+                       patch: int = 0) -> Tensor:
+    _check_stencil(g, bias, depth, lo, rows, H_global, g_off, patch)
+    return _new_out(g, g.shape[0], bias.shape[0], depth, rows, g.shape[3], patch)
 
 
 # --------------------------------------------------------------------------- the full head conv
@@ -329,8 +358,8 @@ def spec_ready(spec) -> bool:
     """True once the stencil kernel for this shape is loaded (no compile/module load mid CUDA-graph capture)."""
     from .. import _backend
 
-    defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
-    return _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
+    return _backend.is_loaded("head_bf16.cu", "head_stencil", stencil_defines(spec.w_shape[0], patch=spec.patch),
+                              spec.device)
 
 
 def _pack_for(weight: Tensor, cl: bool) -> Tensor:
@@ -343,11 +372,13 @@ def _bias32(weight: Tensor, bias: Tensor | None) -> Tensor:
     return (weight.new_zeros(weight.shape[0]) if bias is None else bias).float().contiguous()
 
 
-def split_head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: int | None = None) -> Tensor:
+def split_head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: int | None = None,
+                    patch: int = 0) -> Tensor:
     """clamp(conv3d(x, weight, bias, padding=(0, 1, 1)), -1, 1) via conv_n128 + head_stencil.
 
     x: [B, C_in, T+2, H, W] post-SiLU features with the 2 causal frames in front; weight [C_out, C_in, 3, 3, 3].
-    Returns [B, C_out, T, H, W], channels_last_3d. band_rows bounds g to band_rows+2 rows at a time.
+    Returns [B, C_out, T, H, W], channels_last_3d, or with patch p >= 1 unpatchify(that, p), contiguous.
+    band_rows bounds g to band_rows+2 rows at a time.
     """
     if x.dim() != 5 or weight.dim() != 5 or tuple(weight.shape[2:]) != (3, 3, 3) or weight.shape[1] != x.shape[1]:
         raise ValueError(
@@ -365,12 +396,13 @@ def split_head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: i
         wp = _derived.get(weight, ("packed", cl), lambda: _pack_for(weight, cl))
         b32 = _derived.get(weight if bias is None else bias, ("bias32", bias is None), lambda: _bias32(weight, bias))
     if band_rows is None or band_rows >= h:
-        return head_stencil(conv_n128(x, wp), b32, t, 0, h, h, 0)
+        return head_stencil(conv_n128(x, wp), b32, t, 0, h, h, 0, patch)
     if band_rows < 1:
         raise ValueError(f"split_head_conv: band_rows must be >= 1, got {band_rows}")
-    out = _new_out(x, bsz, c_out, t, h, w)
+    out = _new_out(x, bsz, c_out, t, h, w, patch)
+    p = max(patch, 1)
     for lo in range(0, h, band_rows):
         rows = min(band_rows, h - lo)
         g = conv_n128(x[:, :, :, max(lo - 1, 0): min(lo + rows + 1, h)], wp)
-        out[:, :, :, lo: lo + rows].copy_(head_stencil(g, b32, t, lo, rows, h, 1))
+        out[:, :, :, lo * p: (lo + rows) * p].copy_(head_stencil(g, b32, t, lo, rows, h, 1, patch))
     return out

@@ -106,8 +106,8 @@ def _(features, cache, gamma, eps):
 
 
 def head_full_norm_split(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
-                         eps: float) -> tuple[Tensor, Tensor]:
+                         eps: float, patch: int = 0) -> tuple[Tensor, Tensor]:
     """dispatch.head_full's signature: this kernel's window, then split_head_conv (cuBLAS GEMM + our stencil)."""
     window = activated_window_op(x, cache, gamma, eps)
-    return _split.split_head_conv(window, weight, bias), window[:, :, -2:]
+    return _split.split_head_conv(window, weight, bias, patch=patch), window[:, :, -2:]
 

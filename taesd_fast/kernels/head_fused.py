@@ -235,7 +235,7 @@ def activate_ref(features: Tensor, gamma: Tensor, eps: float, scale: float) -> T
 
 
 def fused_head_ref(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
-                   eps: float, scale: float) -> tuple[Tensor, Tensor]:
+                   eps: float, scale: float, patch: int = 0) -> tuple[Tensor, Tensor]:
     """The same maths in PyTorch: activation as OutputHead, g by conv_n128_ref (fp32 sum, rounded to the
     features' dtype), head_stencil_ref. Any device, any float dtype. Returns (out, new_cache) like fused_head."""
     check_fused_head(features, cache, gamma, weight, bias)
@@ -245,7 +245,7 @@ def fused_head_ref(features: Tensor, cache: Tensor | None, gamma: Tensor, weight
         cache = act.new_zeros(b, c, CAUSAL, h, w)
     window = torch.cat([cache, act], dim=2)
     g = _split.conv_n128_ref(window, _split.pack_weight(weight).to(window.dtype)).contiguous()
-    out = _split.head_stencil_ref(g, _split._bias32(weight, bias), t, 0, h, h, 0)
+    out = _split.head_stencil_ref(g, _split._bias32(weight, bias), t, 0, h, h, 0, patch)
     return out, window[:, :, -CAUSAL:].contiguous()
 
 
@@ -505,7 +505,7 @@ def _variant(variant: str, features: Tensor, cache: Tensor | None) -> str:
 
 
 def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
-                    eps: float, scale: float, config: dict | None = None) -> tuple[Tensor, Tensor]:
+                    eps: float, scale: float, config: dict | None = None, patch: int = 0) -> tuple[Tensor, Tensor]:
     """fused_head with an explicit kernel config (variant, block_m, num_warps, num_stages; the sm_90 variants
     "cuda_sm90" and "wgmma", which "auto" prefers, have no other settings); the bench sweeps it."""
     check_fused_head(features, cache, gamma, weight, bias)
@@ -514,7 +514,7 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
     if reason is not None:
         raise ValueError(f"fused_head: {reason}")
     if not per_sample_offsets_fit(features, cache) or _shape_reason(c, t, h, w):
-        return fused_head_ref(features, cache, gamma, weight, bias, eps, scale)  # too large for the kernel
+        return fused_head_ref(features, cache, gamma, weight, bias, eps, scale, patch)  # too large for the kernel
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     features = _flat_pixels(features)
     cache = None if cache is None else _flat_pixels(cache)
@@ -531,28 +531,33 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
                 head_cuda.launch(features, cache, gs, wk, g, new_cache, eps)
             except RuntimeError as err:  # NVRTC or the driver refused it: the next kernel from now on
                 head_cuda.give_up(err)
-                return fused_head_with(features, cache, gamma, weight, bias, eps, scale, config)
+                return fused_head_with(features, cache, gamma, weight, bias, eps, scale, config, patch)
         elif cfg["variant"] == HOPPER:
             head_wgmma.launch(features, cache, gs, wk, g, new_cache, eps)
         else:
             launch_head_g(features, cache, gs, wk, g, new_cache, eps, **cfg)
-    return _split.head_stencil(g, b32, t, 0, h, h, 0), new_cache
+    # The stencil op's CUDA implementation, called directly: this is already inside an op.
+    return _split.head_stencil_cuda(g, b32, t, 0, h, h, 0, patch), new_cache
 
 
 @torch.library.custom_op("taesd_fast::fused_head", mutates_args=())
 def fused_head(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
-               eps: float, scale: float) -> tuple[Tensor, Tensor]:
-    """OutputHead without the unpatchify, in two kernels: features [B, C, T, H, W] (raw, before the RMS norm),
-    cache [B, C, 2, H, W] (activated; None = first chunk, zero frames) -> (out [B, C_out, T, H, W] bf16
-    channels_last_3d clamped to [-1, 1], new_cache [B, C, 2, H, W] contiguous). CUDA bf16 only."""
-    return fused_head_with(features, cache, gamma, weight, bias, eps, scale)
+               eps: float, scale: float, patch: int = 0) -> tuple[Tensor, Tensor]:
+    """OutputHead in two kernels: features [B, C, T, H, W] (raw, before the RMS norm), cache [B, C, 2, H, W]
+    (activated; None = first chunk, zero frames) -> (out [B, C_out, T, H, W] bf16 channels_last_3d clamped to
+    [-1, 1], or with patch p >= 1 the video kernels.head.unpatchify(out, p) contiguous; new_cache [B, C, 2, H, W]
+    contiguous). CUDA bf16 only."""
+    return fused_head_with(features, cache, gamma, weight, bias, eps, scale, patch=patch)
 
 
 def head_full_triton(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
-                     eps: float) -> tuple[Tensor, Tensor]:
-    """dispatch.head_full's signature: (clamp(conv3d([cache | silu(rms_norm(x))]), -1, 1), new cache), with
-    rms_norm's scale sqrt(C) (kernels.head.rms_norm)."""
-    return fused_head(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5)
+                     eps: float, patch: int = 0) -> tuple[Tensor, Tensor]:
+    """dispatch.head_full's signature: (unpatchify(clamp(conv3d([cache | silu(rms_norm(x))]), -1, 1)), new cache),
+    with rms_norm's scale sqrt(C) (kernels.head.rms_norm). Traced as the op; an eager call skips the op layer (its
+    Python is ~15% of an eager call's host time, run GG8) and runs what the op would run."""
+    if torch.compiler.is_compiling():
+        return fused_head(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5, patch)
+    return fused_head_with(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5, patch=patch)
 
 
 def spec_unsupported_reason(spec) -> str | None:
@@ -574,7 +579,7 @@ def spec_ready(spec, config: dict | None = None) -> bool:
 
     b, c, t, h, w = spec.x_shape
     cfg = {**DEFAULT_CONFIG, **(config or {})}
-    defines = {"NCH": spec.w_shape[0], "GC": GC, "G_F32": 0}
+    defines = _split.stencil_defines(spec.w_shape[0], patch=spec.patch)
     stencil_ready = _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
     if (cfg["variant"] in ("auto", CUDA_SM90) and not head_cuda._failure
             and head_cuda.shape_reason(c, h, w, spec.device) is None):
@@ -590,8 +595,8 @@ def spec_ready(spec, config: dict | None = None) -> bool:
 
 
 @fused_head.register_fake
-def _fused_head_fake(features, cache, gamma, weight, bias, eps, scale):
+def _fused_head_fake(features, cache, gamma, weight, bias, eps, scale, patch=0):
     check_fused_head(features, cache, gamma, weight, bias)
     b, c, t, h, w = features.shape
-    out = _split._new_out(features, b, weight.shape[0], t, h, w)
+    out = _split._new_out(features, b, weight.shape[0], t, h, w, patch)
     return out, features.new_empty((b, c, CAUSAL, h, w))

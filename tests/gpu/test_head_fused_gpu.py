@@ -10,7 +10,7 @@ moves SiLU's output by at most 2 of its own bf16 steps; allowed in at most 0.1% 
 import pytest
 import torch
 
-from conftest import random_output_head
+from conftest import random_output_head, video_from_channels
 from taesd_fast import OutputHead, backend
 from taesd_fast.kernels import head_fused as hf
 
@@ -152,6 +152,27 @@ def test_cuda_kernel_takes_any_frame_count(t):
         _assert_cache_close(new_cache, cache16)
 
 
+def test_tma_descriptors_are_reused_only_for_the_same_memory_and_view():
+    """_backend.tensor_map keeps recent descriptors: the same address and view give the kept one, with the bytes a
+    fresh encoding gives; another address or box gives another; the number kept is bounded."""
+    _needs_sm90()
+    from taesd_fast import _backend
+
+    x = torch.randn(2, 64, 3, 8, 16, device="cuda").bfloat16()
+    args = ([128, 3, 64, 2], [64 * 128, 128, 64 * 3 * 128], [64, 1, 64, 1])
+    first = _backend.tensor_map(x, *args)
+    assert _backend.tensor_map(x, *args) is first
+    assert bytes(first) == bytes(_backend._encode_tensor_map(x, *args, True))
+    assert _backend.tensor_map(x[1:], [128, 3, 64, 1], args[1], args[2]) is not first
+    assert bytes(_backend.tensor_map(x.clone(), *args)) != bytes(first)  # another address
+    assert bytes(_backend.tensor_map(x, *args[:2], [32, 1, 64, 1])) != bytes(first)
+    for i in range(_backend._TENSOR_MAPS_KEPT):  # as many other views: the first is pushed out
+        _backend.tensor_map(x, [128 - i, 3, 64, 2], args[1], [8, 1, 64, 1])
+    assert len(_backend._tensor_maps) == _backend._TENSOR_MAPS_KEPT
+    again = _backend.tensor_map(x, *args)
+    assert again is not first and bytes(again) == bytes(first)
+
+
 @pytest.mark.parametrize("cfg", HOPPER)
 def test_hopper_kernels_refuse_what_they_cannot_run(cfg):
     _needs_sm90()
@@ -252,6 +273,20 @@ def test_head_full_triton_signature():
     assert torch.equal(out, want[0]) and torch.equal(new_cache, want[1])
 
 
+@pytest.mark.parametrize("cfg", [0, CUDA])
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_patch_writes_the_video(cfg, with_cache):
+    # The stencil writes the unpatchified video itself: equal to the channel-by-channel unpatchify of the plain output.
+    if cfg == CUDA:
+        _needs_sm90()
+    head = _head(seed=14)
+    features, cache = _inputs(2, 256, 3, 24, 40, seed=14, with_cache=with_cache)
+    out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
+    video, video_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg], patch=2)
+    assert video.is_contiguous() and torch.equal(video, video_from_channels(out, 2))
+    assert torch.equal(video_cache, new_cache)
+
+
 def test_refuses_fp32_and_bad_shapes():
     head = _head(seed=7)
     features, cache = _inputs(1, 256, 2, 8, 12, seed=7)
@@ -292,8 +327,9 @@ def test_cuda_graph_capture_and_replay(with_cache):
         assert torch.equal(static_out, want_out) and torch.equal(static_cache, want_cache)
 
 
+@pytest.mark.parametrize("patch", [0, 2])  # the video-writing stencil is a kernel of its own
 @pytest.mark.parametrize("h,w", [(13, 17), (12, 20)])  # the Triton g kernel; the Gluon one on sm_90
-def test_spec_ready_after_a_launch(h, w):
+def test_spec_ready_after_a_launch(h, w, patch):
     from taesd_fast import _backend, dispatch
 
     if _backend.kernels_unavailable_reason() is not None:
@@ -301,9 +337,9 @@ def test_spec_ready_after_a_launch(h, w):
     head = _head(seed=11)
     features, cache = _inputs(1, 256, 3, h, w, seed=11)
     spec = dispatch.Spec("head_full", "cuda:0", tuple(features.shape), (12, 256, 3, 3, 3), torch.bfloat16, 1, True,
-                         True, False, "nchw")
+                         True, False, "nchw", patch=patch)
     assert hf.spec_unsupported_reason(spec) is None
-    hf.fused_head(features, cache, *_params(head), EPS, 256**0.5)
+    hf.fused_head(features, cache, *_params(head), EPS, 256**0.5, patch)
     assert hf.spec_ready(spec)
 
 
@@ -313,6 +349,7 @@ def test_opcheck(with_cache, h, w):
     head = _head(seed=12)
     features, cache = _inputs(1, 256, 2, h, w, seed=12, with_cache=with_cache)
     torch.library.opcheck(hf.fused_head, (features, cache, *_params(head), EPS, 256**0.5))
+    torch.library.opcheck(hf.fused_head, (features, cache, *_params(head), EPS, 256**0.5, 2))
 
 
 def test_torch_compile_fullgraph():

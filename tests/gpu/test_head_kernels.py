@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import video_from_channels
 from taesd_fast import _backend
 from taesd_fast.kernels import head as hk
 
@@ -53,33 +54,40 @@ def _poisoned(like: torch.Tensor) -> torch.Tensor:
     return torch.full_like(like, float("nan"))  # keeps like's strides
 
 
+@pytest.mark.parametrize("patch", [0, 1, 2])
 @pytest.mark.parametrize("g_layout", ["pixel_major", "dense"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("b,t,h,w", [(1, 1, 37, 53), (1, 4, 37, 53), (2, 4, 8, 40), (1, 2, 1, 1)])
-def test_stencil_kernel_equals_twin(g_layout, dtype, b, t, h, w):
+def test_stencil_kernel_equals_twin(g_layout, dtype, b, t, h, w, patch):
     x, wt, bias = _case(b=b, t=t, h=h, w=w, seed=1)
     g = hk.conv_n128_ref(x.float(), hk.pack_weight(wt)).to(dtype)  # fresh random g, pixel-major like the GEMM's
     if g_layout == "dense":
         g = g.contiguous()
-    ref = hk.head_stencil_ref(g, bias, t, 0, h, h, 0)
+    ref = hk.head_stencil_ref(g, bias, t, 0, h, h, 0, patch)
     out = _poisoned(ref)
-    hk.launch_head_stencil(g, bias.float(), out, 0, h, 0)
+    hk.launch_head_stencil(g, bias.float(), out, 0, h, 0, patch)
     assert torch.isfinite(out).all()
     assert torch.equal(out, ref), f"max diff {(out.float() - ref.float()).abs().max().item()}"  # same tap order
+    if patch:  # the video layout, against the channel-by-channel unpatchify of the plain kernel's output
+        plain = hk.head_stencil(g, bias.float(), t, 0, h, h, 0)
+        assert out.is_contiguous() and torch.equal(out, video_from_channels(plain, patch))
 
 
+@pytest.mark.parametrize("patch", [0, 2])
 @pytest.mark.parametrize("layout", ["ncdhw", "cl3d"])
 @pytest.mark.parametrize("g_off", [1, 3])
-def test_stencil_bands_from_slices_equal_full(layout, g_off):
+def test_stencil_bands_from_slices_equal_full(layout, g_off, patch):
     t, h, w = 4, 37, 53
+    p = max(patch, 1)
     x, wt, bias = _case(t=t, h=h, w=w, seed=2, layout=layout)
     g = hk.conv_n128(x, hk.pack_weight(wt))  # ncdhw: GEMM form, pixel-major g; cl3d: cuDNN, dense g
-    full = hk.head_stencil(g, bias.float(), t, 0, h, h, 0)
+    full = hk.head_stencil(g, bias.float(), t, 0, h, h, 0, patch)
     for lo, rows in [(0, 5), (5, 16), (21, 16), (36, 1), (0, 37), (17, 1)]:
         a, b = max(lo - g_off, 0), min(lo + rows + g_off, h)
-        band = _poisoned(full[:, :, :, lo: lo + rows].contiguous(memory_format=CL3D))
-        hk.launch_head_stencil(g[:, :, a:b], bias.float(), band, lo, h, a)  # a strided slice of g
-        assert torch.equal(band, full[:, :, :, lo: lo + rows]), (lo, rows)
+        want = full[:, :, :, lo * p: (lo + rows) * p]
+        band = _poisoned(want.contiguous() if patch else want.contiguous(memory_format=CL3D))
+        hk.launch_head_stencil(g[:, :, a:b], bias.float(), band, lo, h, a, patch)  # a strided slice of g
+        assert torch.equal(band, want), (lo, rows)
 
 
 @pytest.mark.parametrize("layout", ["ncdhw", "cl3d"])
@@ -136,6 +144,7 @@ def test_opcheck():
     torch.library.opcheck(hk.head_stencil, (g, bias.float(), 2, 0, 11, 11, 0))
     torch.library.opcheck(hk.head_stencil, (g[:, :, 3:9], bias.float(), 2, 4, 4, 11, 1))
     torch.library.opcheck(hk.head_stencil, (g.contiguous(), bias.float(), 2, 0, 11, 11, 0))
+    torch.library.opcheck(hk.head_stencil, (g[:, :, 3:9], bias.float(), 2, 4, 4, 11, 1, 2))
 
 
 @pytest.mark.parametrize("band_rows", [None, 8])
