@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from . import _backend
 from .kernels import head as _split_head  # registers taesd_fast::conv_n128 / head_stencil; no CUDA
@@ -43,6 +44,9 @@ _mode = "auto"
 _TIMING_METHOD = 2  # in the timings-file key: 2 = graph-replay GPU time (+ eager launch CPU time); 1 = eager events
 _MARGIN = 0.98  # a kernel must beat PyTorch by 2% to be picked: timing noise must not flip choices
 _REPS, _WARMUP = 7, 3
+# Timing a shape for the first time on a GPU compiles every candidate: seconds (run HH3, H200: a cold first decode
+# 10.7 s). A progress bar says so when it takes longer than this; TAESD_FAST_PROGRESS=0 hides it.
+_PROGRESS_DELAY_S = 1.0
 
 
 # ------------------------------------------------------------------------------------ spec
@@ -431,17 +435,32 @@ def measure(cands: list[Candidate], kind: str, args: tuple, reps: int = _REPS, g
     is what a replay costs. Otherwise the CPU time of launching the call eagerly is added: in a model's chain of
     layers the CPU launch costs add up (a Triton launch costs ~0.1 ms of CPU on the H200's host), so a kernel
     that wins on the GPU but costs more to launch only pays off where the GPU saving covers its launch."""
+    with _tuning_bar(kind, args, len(cands)) as bar:
+        return _measure(cands, kind, args, reps, graph, bar)
+
+
+def _tuning_bar(kind: str, args: tuple, candidates: int) -> tqdm:
+    """A progress bar over the candidates being compiled and timed, shown once that takes over _PROGRESS_DELAY_S."""
+    shape = "x".join(map(str, args[0].shape))
+    return tqdm(total=candidates, desc=f"taesd_fast: timing kernels for {kind} {shape} (once per GPU)",
+                unit="candidate", leave=False, delay=_PROGRESS_DELAY_S,
+                disable=os.environ.get("TAESD_FAST_PROGRESS", "1") == "0")
+
+
+def _measure(cands: list[Candidate], kind: str, args: tuple, reps: int, graph: bool, bar: tqdm) -> tuple[dict, dict]:
     with torch.inference_mode(False):  # stand-ins must be ordinary tensors even under inference_mode
         fresh = _fresh_args(kind, args)
     ok, failed = [], {}
     for c in cands:
+        bar.set_postfix_str(c.name, refresh=False)
         try:
             for _ in range(_WARMUP):
-                c.run(*fresh)
+                c.run(*fresh)  # the first run compiles the kernel: the slow part of a first use
             torch.cuda.synchronize()
             ok.append(c)
         except Exception as e:  # a kernel that cannot build/launch here is simply not a candidate
             failed[c.name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        bar.update()
     # Calls per rep so each rep is ~1 ms of work: one event pair's resolution does not dominate.
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     iters, replay = {}, {}

@@ -264,3 +264,16 @@ def test_tc_takes_its_tma_kernel_only_for_graph_replays(monkeypatch):
         tc.run(None, None, None, 1, None, True, 1, False)
         tc.ready(None)
     assert seen == [False, ("ready", False), True, ("ready", True)]
+
+
+def test_tuning_bar_names_the_call_and_can_be_hidden(monkeypatch, capsys):
+    """The bar a first use of a shape shows while its kernels compile and are timed (dispatch.measure)."""
+    monkeypatch.setattr(dispatch, "_PROGRESS_DELAY_S", 0)
+    x = torch.empty(2, 64, 8, 12)
+    with dispatch._tuning_bar("conv2d", (x,), 3) as bar:
+        bar.update(3)
+    assert "taesd_fast: timing kernels for conv2d 2x64x8x12 (once per GPU)" in capsys.readouterr().err
+    monkeypatch.setenv("TAESD_FAST_PROGRESS", "0")
+    with dispatch._tuning_bar("conv2d", (x,), 3) as bar:
+        bar.update(3)
+    assert bar.disable and capsys.readouterr().err == ""

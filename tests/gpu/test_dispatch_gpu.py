@@ -59,6 +59,19 @@ def test_auto_times_once_and_persists(tmp_path):
     print("\n" + dispatch.dispatch_table(conv))
 
 
+def test_first_timing_shows_a_progress_bar(monkeypatch, capsys):
+    """Timing a new shape (compiling its kernels) shows a bar naming it; a decision from the timings does not."""
+    monkeypatch.setattr(dispatch, "_PROGRESS_DELAY_S", 0)
+    conv = _conv(64, 64)
+    x = torch.randn(1, 64, 40, 24, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        conv(x)
+        assert "taesd_fast: timing kernels for conv2d 1x64x40x24" in capsys.readouterr().err
+        dispatch.clear_cache(disk=False)  # the next decision reads the timings file
+        conv(x)
+    assert _rec(conv).why == "cached timings" and "taesd_fast" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "cin,cout,k,stride,dtype,why,choice",
     [
