@@ -7,7 +7,8 @@ elsewhere, or where neither can run, one of the two Triton kernels below. DEFAUL
     A_s = cache[:, :, s]                                   s < 2   (the activated causal frames)
         = bf16(silu(bf16(rmsnorm_fp32(features[:, :, s-2]))))   s >= 2
     g[b, t, h, w, n] = sum_{k<3} sum_cin A_{t+k}[b, cin, h, w] * Wk[k, cin, n]     (fp32 sum, stored bf16)
-    out = head_stencil(g, bias)        [B, 12, T, H, W] bf16 channels_last_3d, clamped to [-1, 1]
+    out = head_stencil(g, bias)        [B, 12, T, H, W] bf16 channels_last_3d, clamped to [-1, 1]; with patch p
+                                       the video [B, 12/p², T, H*p, W*p], which the stencil writes directly
     new_cache = A_T, A_{T+1}           [B, C, 2, H, W] bf16, what OutputHead returns as its cache
 
 Wk [3, C, 128] bf16 is pack_weight's layout (n = (i*3+j)*12 + c, 112 used columns) transposed per tap and padded
