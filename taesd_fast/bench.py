@@ -1,4 +1,4 @@
-"""Benchmarks, one table per section, everything timed side by side in one process.
+"""Benchmarks (they need a CUDA GPU): one table per section, everything timed side by side in one process.
 
     python -m taesd_fast.bench [--sections conv,taesd,head] [--out FILE]
 
@@ -10,7 +10,6 @@ Inputs are random normals (never zeros); one ~1M-pixel batch is larger than L2, 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Callable
 
 import torch
@@ -119,12 +118,12 @@ def main(argv=None, prog: str | None = None) -> None:
     ap.add_argument("--workloads", help="taesd section: comma-separated substrings of workload names (default all)")
     ap.add_argument("--no-compile", action="store_true", help="taesd section: skip torch.compile (minutes per shape)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("taesd_fast.bench needs a CUDA GPU")
     names = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in names if s not in SECTIONS]
-    if unknown:
-        sys.exit(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+    if unknown:  # checked first: a typo is worth reporting on any machine
+        ap.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+    if not torch.cuda.is_available():
+        ap.exit(1, f"{ap.prog}: error: needs a CUDA GPU; torch {torch.__version__} sees none\n")
     header = f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}"
     out = [header]
     print(header, flush=True)

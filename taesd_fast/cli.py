@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .architecture import VARIANTS
+
 PROG = "taesd-fast"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BACKENDS = ("auto", "torch", "kernels")
@@ -31,6 +33,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--weights", metavar="ID_OR_DIR",
                        help="Hub repo id (e.g. madebyollin/taesd) or local folder of TAESD weights "
                             "(default: the bundled TAEF2 weights, offline)")
+    group.add_argument("--variant", choices=list(VARIANTS),
+                       help="which variant's files to load when --weights names a folder or repo holding several")
     group.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
     group.add_argument("--dtype", choices=DTYPES, help="model precision (default: float16 on CUDA, float32 on CPU)")
     group.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -111,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_lipsync)
 
     # Listed for --help only: main() forwards everything after `bench` to taesd_fast.bench.main untouched.
-    sub.add_parser("bench", help="benchmarks (taesd-fast bench --help for its options)", add_help=False)
+    sub.add_parser("bench", help="benchmarks, need a CUDA GPU (taesd-fast bench --help for its options)",
+                   add_help=False)
 
     p = sub.add_parser("info", help="versions, device, kernel availability",
                        description="Print versions, the default device and whether the custom kernels can run.")
@@ -151,7 +156,7 @@ def load_model(args: argparse.Namespace, *, encoder: bool = True, decoder: bool 
     from .taesd import TAESD
 
     device = resolve_device(args.device)
-    return TAESD.from_pretrained(args.weights, encoder=encoder, decoder=decoder, device=device,
+    return TAESD.from_pretrained(args.weights, variant=args.variant, encoder=encoder, decoder=decoder, device=device,
                                  dtype=resolve_dtype(args.dtype, device))
 
 
@@ -168,13 +173,19 @@ def output_paths(inputs: list[Path], out: Path, suffix: str) -> list[Path]:
         out.parent.mkdir(parents=True, exist_ok=True)
         return [out]
     if out.suffix and not out.is_dir():
-        raise ValueError(f"-o {out}: expected a {suffix} file or a directory, not a {out.suffix} file")
+        raise wrong_suffix(out, f"a {suffix} file or a directory")
     stems = [p.stem for p in inputs]
     duplicates = sorted({s for s in stems if stems.count(s) > 1})
     if duplicates:
         raise ValueError(f"several inputs are named {', '.join(duplicates)}: their outputs in {out} would collide")
     out.mkdir(parents=True, exist_ok=True)
     return [out / f"{stem}{suffix}" for stem in stems]
+
+
+def wrong_suffix(out: Path, expected: str) -> ValueError:
+    """The error for an -o path whose suffix names the wrong kind of file."""
+    given = f"a {out.suffix} file" if out.suffix else "a name without a suffix"
+    return ValueError(f"-o {out}: expected {expected}, not {given}")
 
 
 def _check_images(paths: list[Path], model, pad: bool) -> None:
@@ -275,6 +286,8 @@ def cmd_lipsync(args: argparse.Namespace) -> int:
     from .facebox import DEMO_CLIP
     from .lipsync import Box, lipsync_video
 
+    if args.output.suffix.lower() != ".mp4":  # the writer would put H.264 in whatever container the suffix names
+        raise wrong_suffix(args.output, "an .mp4 file")
     if args.video is None:
         if not DEMO_CLIP.is_file():
             raise FileNotFoundError(f"no video given, and the demo clip {DEMO_CLIP} is missing (it ships with the "

@@ -29,7 +29,7 @@ from .architecture import VARIANTS, Architecture, build_decoder
 from .layers import Block
 from .taesd import TAESD
 from .tiling import decode_tiled, encode_tiled
-from .validation import check_tensor
+from .validation import as_float_dtype, check_tensor
 from .weights_io import WeightsError, from_diffusers, save_safetensors, to_diffusers
 
 # Config keys a checkpoint's config.json or the caller may set; the rest describe the architecture.
@@ -145,11 +145,7 @@ class AutoencoderTinyFast(nn.Module):
                 f"variant={variant!r}: here variant names a TAESD variant ({', '.join(VARIANTS)}); diffusers-style "
                 "file variants such as 'fp16' are not used, pass torch_dtype=torch.float16 instead"
             )
-        if isinstance(torch_dtype, str):  # "float16", as some configs spell it
-            dtype = getattr(torch, torch_dtype, None)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"torch_dtype={torch_dtype!r} is not a torch dtype; use e.g. torch.float16")
-            torch_dtype = dtype
+        torch_dtype = as_float_dtype(torch_dtype, "torch_dtype")  # also "float16", as some configs spell it
         loaded = hub.resolve(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                              local_files_only=local_files_only, subfolder=subfolder)
         model = TAESD.from_loaded(loaded, variant=variant, dtype=torch_dtype, device=device)
@@ -168,7 +164,8 @@ class AutoencoderTinyFast(nn.Module):
         if not (isinstance(vae, nn.Module) and hasattr(vae, "config")):
             raise TypeError(f"expected a diffusers AutoencoderTiny, got {type(vae).__name__}")
         encoder, decoder = from_diffusers(vae.state_dict())
-        loaded = hub.LoadedWeights(encoder or None, decoder or None, None, [f"a {type(vae).__name__}"])
+        source = f"a {type(vae).__name__}"
+        loaded = hub.LoadedWeights(encoder or None, decoder or None, None, {"encoder": source, "decoder": source})
         param = next(vae.parameters())
         model = TAESD.from_loaded(loaded, dtype=param.dtype, device=param.device)
         settings = {k: vae.config[k] for k in SETTABLE if k in vae.config}

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from . import dispatch
 from .kernels import head as head_ops
-from .validation import check_tensor
+from .validation import as_float_dtype, check_tensor
 from .hub import require_repo_id
 from .weights_io import WeightsError, read_state_dict
 
@@ -98,6 +98,9 @@ class OutputHead(nn.Module):
     @staticmethod
     def _check_cache(x: torch.Tensor, cache: torch.Tensor | None) -> None:
         b, c, _, h, w = x.shape
+        if cache is not None and not isinstance(cache, torch.Tensor):
+            raise TypeError(f"cache must be the tensor [B, C, {CAUSAL_FRAMES}, H, W] that the previous chunk's call "
+                            f"returned, or None for the first chunk; got {type(cache).__name__}")
         if cache is not None and (cache.shape != (b, c, CAUSAL_FRAMES, h, w) or cache.dtype != x.dtype
                                   or cache.device != x.device):
             raise ValueError(
@@ -121,7 +124,7 @@ class OutputHead(nn.Module):
         cache_dir: str | os.PathLike | None = None,
         local_files_only: bool = False,
         patch_size: int | None = 2,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
     ) -> "OutputHead":
         """Read only the head's tensors from a Wan VAE checkpoint (Hub repo, local .safetensors or .pth).
@@ -129,6 +132,7 @@ class OutputHead(nn.Module):
         The 2.8 GB safetensors file is opened lazily; only three tensors are materialised. Returns the head in eval
         mode with requires_grad off (an inference module; `.requires_grad_()` to train it).
         """
+        dtype = as_float_dtype(dtype)
         path = _locate_checkpoint(name_or_path, subfolder, filename, revision, cache_dir, local_files_only)
         state = None
         for layout in _KEY_LAYOUTS.values():

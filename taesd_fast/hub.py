@@ -25,8 +25,12 @@ class LoadedWeights:
     encoder: StateDict | None
     decoder: StateDict | None
     name_hint: str | None  # a variant name found in the repo id, folder or file names
-    sources: list[str] = field(default_factory=list)  # for error messages
+    origins: dict[str, str] = field(default_factory=dict)  # part -> the file or folder it came from, for messages
     config: dict = field(default_factory=dict)  # the diffusers config.json, when the source has one
+
+    @property
+    def sources(self) -> list[str]:
+        return list(dict.fromkeys(self.origins.values()))
 
 
 def variant_hint(*names: str | os.PathLike | None) -> str | None:
@@ -42,24 +46,52 @@ def _upstream_file_candidates(stem: str) -> list[tuple[str, str]]:
 def load_from_files(encoder_path=None, decoder_path=None) -> LoadedWeights:
     enc = read_state_dict(encoder_path) if encoder_path else None
     dec = read_state_dict(decoder_path) if decoder_path else None
-    return LoadedWeights(enc, dec, variant_hint(encoder_path, decoder_path), [str(p) for p in (encoder_path, decoder_path) if p])
+    origins = {part: str(path) for part, path in (("encoder", encoder_path), ("decoder", decoder_path)) if path}
+    return LoadedWeights(enc, dec, variant_hint(encoder_path, decoder_path), origins)
 
 
-def load_from_folder(folder: Path, load_encoder: bool, load_decoder: bool) -> LoadedWeights:
+def load_from_folder(folder: Path, load_encoder: bool, load_decoder: bool, variant: str | None = None) -> LoadedWeights:
+    """Upstream files of one variant, or a diffusers-layout folder. A folder with several variants' files gives the
+    one named by `variant`, else by the folder's name, else the one variant whose files include every part asked
+    for; anything else is ambiguous and an error."""
     folder = Path(folder)
     if (folder / DIFFUSERS_WEIGHTS).is_file():
         return _load_diffusers(folder, load_encoder, load_decoder)
-    for stem in [variant_hint(folder)] + [v for v in sorted(VARIANTS, key=len, reverse=True)]:
-        if stem is None:
-            continue
-        for enc_name, dec_name in _upstream_file_candidates(stem):
-            enc, dec = folder / enc_name, folder / dec_name
-            if (load_encoder and enc.is_file()) or (load_decoder and dec.is_file()):
-                return load_from_files(enc if load_encoder and enc.is_file() else None, dec if load_decoder and dec.is_file() else None)
-    raise FileNotFoundError(
-        f"no TAESD weights in {folder}: expected {DIFFUSERS_WEIGHTS} (+ {DIFFUSERS_CONFIG}) "
-        "or <variant>_encoder/_decoder .safetensors/.pth files (variant one of " + ", ".join(VARIANTS) + ")"
-    )
+    wanted = [part for part, want in (("encoder", load_encoder), ("decoder", load_decoder)) if want]
+    found = {stem: files for stem in VARIANTS if (files := _variant_files(folder, stem, wanted))}
+    hint = variant_hint(folder)
+    if variant is not None:
+        if variant not in found:
+            raise FileNotFoundError(f"no {variant} weights in {folder}: expected {variant}_encoder/_decoder "
+                                    f".safetensors/.pth files" + (f" (found: {', '.join(found)})" if found else ""))
+        stem = variant
+    elif hint in found:
+        stem = hint
+    else:
+        complete = [v for v, files in found.items() if len(files) == len(wanted)]
+        choices = complete or list(found)
+        if not choices:
+            raise FileNotFoundError(f"no TAESD weights in {folder}: expected {DIFFUSERS_WEIGHTS} (+ {DIFFUSERS_CONFIG}) "
+                                    "or <variant>_encoder/_decoder .safetensors/.pth files (variant one of "
+                                    + ", ".join(VARIANTS) + ")")
+        if len(choices) > 1:
+            raise ValueError(f"{folder} holds weights of several TAESD variants ({', '.join(choices)}); "
+                             "pass variant= to choose one")
+        stem = choices[0]
+    files = found[stem]
+    return load_from_files(files.get("encoder"), files.get("decoder"))
+
+
+def _variant_files(folder: Path, stem: str, parts: list[str]) -> dict[str, Path]:
+    """{part: file} for the parts of `stem` present in folder (.safetensors preferred over .pth)."""
+    files = {}
+    for part in parts:
+        for ext in (".safetensors", ".pth"):
+            path = folder / f"{stem}_{part}{ext}"
+            if path.is_file():
+                files[part] = path
+                break
+    return files
 
 
 def _load_diffusers(folder: Path, load_encoder: bool, load_decoder: bool) -> LoadedWeights:
@@ -69,25 +101,34 @@ def _load_diffusers(folder: Path, load_encoder: bool, load_decoder: bool) -> Loa
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     if config.get("_class_name") not in (None, "AutoencoderTiny"):
         raise WeightsError(f"{config_path} describes a {config['_class_name']}, not an AutoencoderTiny")
-    return LoadedWeights(encoder if load_encoder else None, decoder if load_decoder else None, hint, [str(folder)],
+    return LoadedWeights(encoder if load_encoder else None, decoder if load_decoder else None, hint,
+                         {"encoder": str(folder), "decoder": str(folder)},
                          config)
 
 
-def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, revision=None, cache_dir=None,
-                  local_files_only: bool = False, subfolder: str | None = None) -> LoadedWeights:
+def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, variant: str | None = None, revision=None,
+                  cache_dir=None, local_files_only: bool = False, subfolder: str | None = None) -> LoadedWeights:
     """Download (or find in the huggingface_hub cache) the files of a repo and load them.
 
-    Tries the diffusers layout first, then upstream files named after the repo. `HF_HUB_OFFLINE=1` is honoured by
-    huggingface_hub itself.
+    Tries the diffusers layout first, then upstream files named after `variant` or the repo. `HF_HUB_OFFLINE=1` is
+    honoured by huggingface_hub itself.
     """
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
+    offline = local_files_only or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    unreachable: BaseException | None = None
+
     def fetch(filename: str) -> Path | None:
+        nonlocal unreachable
         try:
             return Path(hf_hub_download(repo_id, filename, subfolder=subfolder, revision=revision,
-                                        cache_dir=cache_dir, local_files_only=local_files_only))
-        except (EntryNotFoundError, LocalEntryNotFoundError):
+                                        cache_dir=cache_dir, local_files_only=offline or unreachable is not None))
+        except LocalEntryNotFoundError as err:  # not cached, and the Hub was not asked or did not answer
+            if not offline and unreachable is None:
+                unreachable = err.__cause__ or err  # later files: the cache only, no more waiting on the network
+            return None
+        except EntryNotFoundError:  # the Hub answered: no such file in the repo
             return None
 
     tried: list[str] = []
@@ -98,7 +139,7 @@ def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, revis
         loaded = _load_diffusers(weights.parent, load_encoder, load_decoder)
         loaded.name_hint = variant_hint(repo_id)
         return loaded
-    stem = variant_hint(repo_id) or repo_id.split("/")[-1].lower()
+    stem = variant or variant_hint(repo_id) or repo_id.split("/")[-1].lower()
     for enc_name, dec_name in _upstream_file_candidates(stem):
         enc = fetch(enc_name) if load_encoder else None
         dec = fetch(dec_name) if load_decoder else None
@@ -107,13 +148,18 @@ def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, revis
             loaded = load_from_files(enc, dec)
             loaded.name_hint = variant_hint(repo_id)
             return loaded
-    offline = local_files_only or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    repo = (f"repo '{repo_id}'" + (f" (subfolder '{subfolder}')" if subfolder else "")
+            + (f" at revision '{revision}'" if revision else ""))
+    if unreachable is not None:
+        reason = str(unreachable).strip().splitlines()[0][:200] if str(unreachable).strip() else "no answer"
+        raise FileNotFoundError(
+            f"could not reach the Hugging Face Hub for {repo} ({type(unreachable).__name__}: {reason}), and the "
+            f"local huggingface_hub cache has no TAESD weights for it; tried: {', '.join(tried)}. Check the network, "
+            "or set HF_HUB_OFFLINE=1 to use only cached files, or pass local paths."
+        )
     where = "in the local huggingface_hub cache (offline mode)" if offline else "on the Hub or in the local cache"
     raise FileNotFoundError(
-        f"could not find TAESD weights for repo '{repo_id}'"
-        + (f" (subfolder '{subfolder}')" if subfolder else "")
-        + (f" at revision '{revision}'" if revision else "")
-        + f" {where}; tried: {', '.join(tried)}."
+        f"could not find TAESD weights for {repo} {where}; tried: {', '.join(tried)}."
         + (" Download them once while online, or pass local paths." if offline else "")
     )
 
@@ -125,11 +171,15 @@ def resolve(name_or_path: str | os.PathLike | None, *, encoder_path=None, decode
         if name_or_path is not None:
             raise ValueError("pass either name_or_path or encoder_path/decoder_path, not both")
         return load_from_files(encoder_path, decoder_path)
+    variant = known_variant(hub_kwargs.get("variant"))
     if name_or_path is None:
-        return load_from_folder(BUNDLED_DIR, load_encoder, load_decoder)
+        if variant not in (None, BUNDLED_DEFAULT):
+            raise FileNotFoundError(f"only {BUNDLED_DEFAULT} weights are bundled; for {variant}, pass a Hub repo id "
+                                    f"such as 'madebyollin/{variant}' or a local folder")
+        return load_from_folder(BUNDLED_DIR, load_encoder, load_decoder, variant)
     path = Path(name_or_path)
     if path.is_dir():  # a local copy of a repo: subfolder means the same as on the Hub
-        return load_from_folder(path / (hub_kwargs.get("subfolder") or ""), load_encoder, load_decoder)
+        return load_from_folder(path / (hub_kwargs.get("subfolder") or ""), load_encoder, load_decoder, variant)
     if path.is_file():
         raise ValueError(f"{path} is a single file: pass encoder_path= and/or decoder_path= instead")
     return load_from_hub(require_repo_id(name_or_path), load_encoder=load_encoder, load_decoder=load_decoder, **hub_kwargs)
@@ -153,49 +203,78 @@ def _shapes(state: StateDict) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state.items()}
 
 
-def _architecture_mismatch(arch: Architecture, part: str, state: StateDict) -> str | None:
-    """None when `state` fits `arch`'s encoder/decoder exactly, else what differs."""
+def _differences(arch: Architecture, part: str, state: StateDict) -> dict[str, list[str]]:
+    """What differs between `state` and `arch`'s encoder/decoder: {kind of difference: keys}, empty when it fits."""
     import torch
 
     with torch.device("meta"):
         module = build_encoder(arch) if part == "encoder" else build_decoder(arch)
     expected = _shapes(module.state_dict())
     got = _shapes(state)
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    wrong = [f"{k}: {got[k]} vs {expected[k]}" for k in sorted(set(got) & set(expected)) if got[k] != expected[k]]
-    if not (missing or unexpected or wrong):
+    found = {
+        "missing keys": sorted(set(expected) - set(got)),
+        "unexpected keys": sorted(set(got) - set(expected)),
+        "shape mismatches": [f"{k}: {got[k]} vs {expected[k]}" for k in sorted(set(got) & set(expected))
+                             if got[k] != expected[k]],
+    }
+    return {label: items for label, items in found.items() if items}
+
+
+def _architecture_mismatch(arch: Architecture, part: str, state: StateDict) -> str | None:
+    """None when `state` fits `arch`'s encoder/decoder exactly, else what differs."""
+    differences = _differences(arch, part, state)
+    if not differences:
         return None
-    parts = []
-    for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", wrong)):
-        if items:
-            parts.append(f"{len(items)} {label} (e.g. {', '.join(items[:3])})")
-    return "; ".join(parts)
+    return "; ".join(f"{len(items)} {label} (e.g. {', '.join(items[:3])})" for label, items in differences.items())
 
 
 def detect_architecture(loaded: LoadedWeights) -> Architecture:
-    """The architecture the tensors describe. Raises if they fit none of the published ones."""
+    """The architecture the tensors describe. Raises, saying what does not fit, if they fit none of the published
+    ones or encoder and decoder come from different ones."""
     parts = [(p, s) for p, s in (("encoder", loaded.encoder), ("decoder", loaded.decoder)) if s is not None]
     if not parts:
         raise WeightsError("no encoder or decoder weights were loaded")
     candidates = list(dict.fromkeys(VARIANTS.values()))
-    for arch in candidates:
-        if all(_architecture_mismatch(arch, p, s) is None for p, s in parts):
-            return arch
-    part, state = parts[0]
-    raise WeightsError(
-        f"the {part} weights from {', '.join(loaded.sources) or 'the given source'} match no published TAESD "
-        f"architecture (tried {', '.join(a.describe() for a in candidates)})"
-    )
+    fits = {p: [a for a in candidates if _architecture_mismatch(a, p, s) is None] for p, s in parts}
+    common = [a for a in candidates if all(a in fits[p] for p, _ in parts)]
+    if common:
+        return common[0]
+    origin = lambda part: loaded.origins.get(part, "the given source")  # noqa: E731
+    for part, state in parts:
+        if fits[part]:
+            continue
+        other = "decoder" if part == "encoder" else "encoder"
+        swapped = [a for a in candidates if _architecture_mismatch(a, other, state) is None]
+        if swapped:
+            raise WeightsError(f"the {part} weights from {origin(part)} are {other} weights (they fit a TAESD {other} "
+                               f"with {swapped[0].describe()}); were the encoder and decoder files swapped?")
+        closest = min(candidates, key=lambda a: _mismatch_count(a, part, state))
+        raise WeightsError(
+            f"the {part} weights from {origin(part)} match no published TAESD architecture (tried "
+            f"{'; '.join(a.describe() for a in candidates)}); against the closest, {closest.describe()}: "
+            f"{_architecture_mismatch(closest, part, state)}"
+        )
+    described = " but ".join(f"the {p} weights from {origin(p)} fit {' / '.join(a.describe() for a in fits[p])}"
+                             for p, _ in parts)
+    raise WeightsError(f"{described}: the encoder and decoder come from different TAESD variants")
+
+
+def _mismatch_count(arch: Architecture, part: str, state: StateDict) -> int:
+    return sum(len(items) for items in _differences(arch, part, state).values())
+
+
+def known_variant(name: str | None) -> str | None:
+    """name, when it is None or a published variant's name; else a ValueError listing them."""
+    if name is not None and name not in VARIANTS:
+        raise ValueError(f"unknown TAESD variant {name!r}; expected one of {', '.join(VARIANTS)}")
+    return name
 
 
 def check_variant(arch: Architecture, variant: str | None, loaded: LoadedWeights) -> str:
     """Pick the variant name: the requested one or the hint must agree with the tensors."""
     for name, origin in ((variant, "requested variant"), (loaded.name_hint, "name")):
-        if name is None:
+        if known_variant(name) is None:
             continue
-        if name not in VARIANTS:
-            raise ValueError(f"unknown variant {name!r}; expected one of {', '.join(VARIANTS)}")
         if VARIANTS[name] != arch:
             raise WeightsError(
                 f"{origin} '{name}' ({VARIANTS[name].describe()}) disagrees with the weights in "

@@ -9,6 +9,7 @@ Images are [1, 3, H, W] float32 in [0, 1]. Latent files hold [N, C, h, w] (a [C,
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -87,20 +88,22 @@ def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, tuple[int, int]
     if suffix == ".safetensors":
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            if LATENTS_KEY not in f.keys():
-                raise ValueError(f"{path} has no tensor named {LATENTS_KEY!r} (it has: {', '.join(f.keys()) or 'none'})")
-            latents = f.get_tensor(LATENTS_KEY)
+        with _reading(path), safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            latents = f.get_tensor(LATENTS_KEY) if LATENTS_KEY in keys else None
             size = _size_from(f.metadata() or {})
+        if latents is None:
+            raise ValueError(f"{path} has no tensor named {LATENTS_KEY!r} (it has: {', '.join(keys) or 'none'})")
     elif suffix in (".pt", ".pth"):
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with _reading(path):
+            data = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(data, dict) and LATENTS_KEY in data:
             data = data[LATENTS_KEY]
         if not isinstance(data, torch.Tensor):
             raise ValueError(f"{path} should hold a latents tensor or a dict with key {LATENTS_KEY!r}, got {type(data).__name__}")
         latents = data
     elif suffix == ".png":
-        with Image.open(path) as im:
+        with _reading(path), Image.open(path) as im:
             size = _size_from(im.info)
             array = np.asarray(im, dtype=np.float32) / 255.0
         array = array[..., None] if array.ndim == 2 else array
@@ -114,6 +117,19 @@ def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, tuple[int, int]
     if latents.dim() != 4 or not latents.dtype.is_floating_point:
         raise ValueError(f"{path}: latents must be a floating point [N, C, h, w] tensor, got {latents.dtype} {tuple(latents.shape)}")
     return latents, size
+
+
+@contextmanager
+def _reading(path: Path):
+    """Any error of a file reader (safetensors, torch.load, Pillow) -> one ValueError naming the file and the
+    reader's reason (without torch.load's advice to unpickle with weights_only=False)."""
+    from .weights_io import reader_reason
+
+    try:
+        yield
+    except Exception as err:
+        raise ValueError(f"could not read latents file {path} ({type(err).__name__}: {reader_reason(err)}): it is "
+                         "corrupt or truncated, or not a latents file") from err
 
 
 def save_latents(latents: torch.Tensor, path: str | os.PathLike, image_size: tuple[int, int] | None = None) -> None:

@@ -11,12 +11,7 @@ from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
 from .layers import name_layers
-from .validation import check_multiple, check_tensor
-
-
-def _check_dtype(dtype: torch.dtype | None) -> None:
-    if dtype is not None and not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating point dtype such as torch.float16, got {dtype}")
+from .validation import as_float_dtype, check_multiple, check_tensor
 
 
 class TAESD(nn.Module):
@@ -35,8 +30,7 @@ class TAESD(nn.Module):
 
     def __init__(self, variant: str = "taesd", encoder: bool = True, decoder: bool = True):
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown TAESD variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+        hub.known_variant(variant)
         self.variant = variant
         self.arch: Architecture = VARIANTS[variant]
         self.encoder = build_encoder(self.arch) if encoder else None
@@ -68,7 +62,7 @@ class TAESD(nn.Module):
         cache_dir: str | os.PathLike | None = None,
         local_files_only: bool = False,
         subfolder: str | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
     ) -> "TAESD":
         """Load pretrained weights.
@@ -77,14 +71,15 @@ class TAESD(nn.Module):
             upstream or diffusers-layout files, or None for the bundled TAEF2 weights (works offline).
         encoder_path / decoder_path: explicit upstream files instead (.safetensors or .pth); give one for an
             encoder-only or decoder-only model.
-        variant: optional check; the variant is detected from the tensors, and a name that disagrees is an error.
+        variant: which variant's files to take from a folder or repo holding several; the variant is also
+            detected from the tensors, and a name that disagrees with them is an error.
         Returns the model in eval mode with requires_grad off (call `.requires_grad_()` to train it).
         """
-        _check_dtype(dtype)
+        dtype = as_float_dtype(dtype)
         loaded = hub.resolve(
             name_or_path, encoder_path=encoder_path, decoder_path=decoder_path, load_encoder=encoder,
-            load_decoder=decoder, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
-            subfolder=subfolder,
+            load_decoder=decoder, variant=variant, revision=revision, cache_dir=cache_dir,
+            local_files_only=local_files_only, subfolder=subfolder,
         )
         return cls.from_loaded(loaded, variant=variant, dtype=dtype, device=device)
 
@@ -92,7 +87,7 @@ class TAESD(nn.Module):
     def from_loaded(cls, loaded: "hub.LoadedWeights", *, variant: str | None = None,
                     dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "TAESD":
         """The model for state dicts already read (hub.resolve, or converted from another library's module)."""
-        _check_dtype(dtype)
+        dtype = as_float_dtype(dtype)
         arch = hub.detect_architecture(loaded)
         name = hub.check_variant(arch, variant, loaded)
         model = cls(name, encoder=loaded.encoder is not None, decoder=loaded.decoder is not None)

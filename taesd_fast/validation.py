@@ -11,10 +11,12 @@ def check_tensor(x, name: str, *, channels: int, like: torch.Tensor, rank: int =
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
     if x.dim() != rank:
-        hint = " (add a batch dimension with .unsqueeze(0))" if x.dim() == rank - 1 else ""
-        raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(x.shape)}{hint}")
+        raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(x.shape)}"
+                         f"{_missing_dim_hint(x, rank, channels)}")
     if x.shape[1] != channels:
         raise ValueError(f"{name} must have {channels} channels at dim 1, got shape {tuple(x.shape)}")
+    if 0 in x.shape[2:]:
+        raise ValueError(f"{name} has an empty dimension: shape {tuple(x.shape)} {layout}; every size after C must be >= 1")
     if not x.dtype.is_floating_point:
         raise TypeError(
             f"{name} must be a floating point tensor ({like.dtype} for this model), got {x.dtype}"
@@ -33,3 +35,30 @@ def check_multiple(images: torch.Tensor, factor: int, why: str) -> None:
             f"image size {tuple(images.shape[-2:])} is not a multiple of {factor} ({why}); "
             f"pad or resize the images to a multiple of {factor} first"
         )
+
+
+def _missing_dim_hint(x: torch.Tensor, rank: int, channels: int) -> str:
+    """Which unsqueeze turns a tensor one dimension short into the expected layout, when that is clear."""
+    if x.dim() != rank - 1:
+        return ""
+    if x.shape[0] == channels:
+        return " (add a batch dimension with .unsqueeze(0))"
+    if rank == 5 and x.shape[1] == channels:  # [B, C, H, W]: one frame per sample
+        return " (add a time dimension with .unsqueeze(2))"
+    return ""
+
+
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+
+
+def as_float_dtype(dtype, name: str = "dtype") -> torch.dtype | None:
+    """None, a floating torch.dtype, or its name ("float16", "torch.bfloat16", "fp16", ...) -> torch.dtype or None."""
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        resolved = getattr(torch, _DTYPE_ALIASES.get(key, key), None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"{name}={dtype!r} is not a torch dtype; use e.g. torch.float16 or \"float16\"")
+        dtype = resolved
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{name} must be a floating point dtype such as torch.float16, got {dtype!r}")
+    return dtype

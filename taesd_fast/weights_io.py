@@ -54,9 +54,20 @@ def read_state_dict(path: str | os.PathLike, keys: list[str] | None = None) -> S
 
 def _unreadable(path: Path, err: Exception) -> WeightsError:
     return WeightsError(
-        f"could not read weights file {path} ({type(err).__name__}: {err}). "
+        f"could not read weights file {path} ({type(err).__name__}: {reader_reason(err)}). "
         "The file is corrupt, truncated or not a weights file; delete it and download it again."
     )
+
+
+def reader_reason(err: Exception) -> str:
+    """The reader's own reason, without torch.load's advice to retry with weights_only=False: for a damaged file
+    that advice is wrong, and for an untrusted one unsafe."""
+    text = str(err)
+    unpickler = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    if unpickler:
+        return unpickler.group(1).strip().splitlines()[0]
+    first_line = text.strip().splitlines()[0] if text.strip() else "no details"
+    return first_line.split(". ")[0][:200]  # readers append advice after the first sentence
 
 
 def save_safetensors(state: StateDict, path: str | os.PathLike) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need P
 
 from taesd_fast import TAESD  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
-from taesd_fast.media import load_latents  # noqa: E402
+from taesd_fast.media import load_latents, save_latents  # noqa: E402
 from taesd_fast.weights_io import save_safetensors  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +65,7 @@ def assert_user_error(code: int, err: str, *fragments: str) -> None:
     assert code == 1
     assert err.startswith("taesd-fast: error: "), err
     assert "Traceback" not in err
+    assert err.count("\n") == 1, err  # one line
     for fragment in fragments:
         assert fragment in err, err
 
@@ -153,12 +155,55 @@ def test_a_file_that_is_not_an_image_is_a_user_error(capsys, tmp_path):
     assert_user_error(code, err, "notes.png")
 
 
+@pytest.fixture
+def corrupt_latents(tmp_path) -> list[Path]:
+    """A truncated .safetensors (the first 100 bytes of a good one) and a .pt whose bytes are no pickle."""
+    good = tmp_path / "good.safetensors"
+    save_latents(torch.randn(1, 32, 12, 8), good)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:100])
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x80\x02these bytes are no pickle")
+    return [truncated, garbage]
+
+
+def test_corrupt_latents_files_are_user_errors(capsys, corrupt_latents, tmp_path):
+    for path in corrupt_latents:
+        code, _, err = run(capsys, "decode", path, "-o", tmp_path / "out.png")
+        assert_user_error(code, err, f"could not read latents file {path}", "corrupt or truncated")
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_lipsync_with_corrupt_latents_is_a_user_error(capsys, corrupt_latents, tmp_path):
+    pytest.importorskip("av")
+    code, _, err = run(capsys, "lipsync", "-o", tmp_path / "out.mp4", "--latents", corrupt_latents[0])
+    assert_user_error(code, err, f"could not read latents file {corrupt_latents[0]}", "corrupt or truncated")
+    assert not (tmp_path / "out.mp4").exists()
+
+
 def test_weights_errors_are_user_errors(capsys, image, tmp_path, hub_offline, no_network):
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights", tmp_path / "no" / "such")
     assert_user_error(code, err, "neither an existing local folder nor a Hub repo id")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights", "madebyollin/taesd",
                        "--device", "cpu")
     assert_user_error(code, err, "could not find TAESD weights for repo 'madebyollin/taesd'")
+
+
+def test_weights_folder_with_several_variants(capsys, image, tmp_path, taef2_encoder_pth, taef2_decoder_pth,
+                                              taesana_encoder_pth):
+    """A folder of downloads: the complete TAEF2 pair is taken over a lone taesana encoder; --variant picks one."""
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for src in (taef2_encoder_pth, taef2_decoder_pth, taesana_encoder_pth):
+        shutil.copyfile(src, folder / src.name)
+    code, out, _ = run(capsys, "roundtrip", image, "-o", tmp_path / "rt", "--weights", folder, "--device", "cpu")
+    assert code == 0 and "PSNR" in out
+    code, _, _ = run(capsys, "encode", image, "-o", tmp_path / "z.safetensors", "--weights", folder,
+                     "--variant", "taesana", "--device", "cpu")
+    assert code == 0
+    assert load_latents(tmp_path / "z.safetensors")[0].shape[1:] == (32, 3, 2)  # taesana: 96x64 / 32
+    code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "rt2", "--weights", folder, "--variant", "taesd")
+    assert_user_error(code, err, "no taesd weights in", "found: taef2, taesana")
 
 
 def test_latents_png_needs_at_most_4_channels(capsys, image, tmp_path):
@@ -209,6 +254,14 @@ def test_lipsync_defaults_to_the_demo_clip(capsys, tmp_path):
         assert written.frames == 2
 
 
+@pytest.mark.parametrize("name", ["out.avi", "out.mkv", "out"])
+def test_lipsync_output_must_be_mp4(capsys, tmp_path, name):
+    pytest.importorskip("av")
+    code, _, err = run(capsys, "lipsync", "-o", tmp_path / name, "--max-frames", "1")
+    assert_user_error(code, err, f"-o {tmp_path / name}: expected an .mp4 file")
+    assert not (tmp_path / name).exists()
+
+
 def test_lipsync_box_outside_the_frame(capsys, shared_dir, tmp_path):
     video = shared_dir / "data" / "video" / "sun.mp4"
     if not video.is_file():
@@ -246,3 +299,25 @@ def test_bench_forwards_its_arguments(capsys, monkeypatch):
     monkeypatch.setattr(bench, "main", lambda argv=None, prog=None: seen.append((argv, prog)) or 0)
     assert main(["bench", "--sections", "conv", "--help"]) == 0
     assert seen == [(["--sections", "conv", "--help"], "taesd-fast bench")]
+
+
+def test_bench_help_says_it_needs_a_cuda_gpu(capsys):
+    pytest.importorskip("taesd_fast.bench")
+    for argv in (["--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+        assert "need a CUDA GPU" in " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+
+
+def test_bench_on_a_cpu_checks_its_arguments_first(capsys, monkeypatch):
+    pytest.importorskip("taesd_fast.bench")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, even where a GPU is present
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--sections", "conv,bogus"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "unknown sections ['bogus']" in err and "CUDA" not in err, err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--sections", "conv"])
+    assert exit_info.value.code == 1
+    assert "taesd-fast bench: error: needs a CUDA GPU" in capsys.readouterr().err

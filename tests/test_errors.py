@@ -119,6 +119,16 @@ def test_head_wrong_inputs(head):
         head.forward_activated(_latents(1, 8, 2, 4, 4))
 
 
+def test_head_input_missing_a_dimension_or_empty(head):
+    frames = _latents(1, 32, 2, 4, 4)
+    with pytest.raises(ValueError, match=r"got shape \(1, 32, 4, 4\) \(add a time dimension with \.unsqueeze\(2\)\)"):
+        head(frames[:, :, 0])
+    with pytest.raises(ValueError, match=r"features has an empty dimension: shape \(1, 32, 0, 4, 4\)"):
+        head(frames[:, :, :0])
+    with pytest.raises(TypeError, match=r"cache must be the tensor \[B, C, 2, H, W\].*got list"):
+        head(frames, [frames])
+
+
 def test_head_wrong_cache(head):
     x = _latents(1, 32, 4, 4, 4)
     with torch.no_grad():
@@ -141,7 +151,13 @@ def test_bad_model_arguments():
         TAESD("taesd4")
     with pytest.raises(TypeError, match=r"dtype must be a floating point dtype.*torch\.int8"):
         TAESD.from_pretrained(dtype=torch.int8)
-    with pytest.raises(ValueError, match=r"unknown variant 'taef3'"):
+    with pytest.raises(TypeError, match=r"dtype must be a floating point dtype.*torch\.int8"):
+        TAESD.from_pretrained(dtype="int8")
+    with pytest.raises(ValueError, match=r"dtype='floaty' is not a torch dtype"):
+        TAESD.from_pretrained(dtype="floaty")
+    with pytest.raises(FileNotFoundError, match=r"only taef2 weights are bundled; for taesd, pass a Hub repo id"):
+        TAESD.from_pretrained(variant="taesd")
+    with pytest.raises(ValueError, match=r"unknown TAESD variant 'taef3'"):
         TAESD.from_pretrained(variant="taef3")
 
 
@@ -203,8 +219,9 @@ def test_random_bytes(tmp_path, suffix):
     # A leading pickle GLOBAL opcode ('c' or 0x93) would make the bytes read as a refused Python object instead.
     data = os.urandom(4096)
     bad.write_bytes((b"\x00" + data[1:]) if data[:1] in (b"c", b"\x93") else data)
-    with pytest.raises(WeightsError, match=CORRUPT_MESSAGE.format(name=f"taef2_encoder\\{suffix}")):
+    with pytest.raises(WeightsError, match=CORRUPT_MESSAGE.format(name=f"taef2_encoder\\{suffix}")) as err:
         TAESD.from_pretrained(encoder_path=bad)
+    assert "weights_only" not in str(err.value)  # torch.load's advice to unpickle anyway is wrong for a damaged file
 
 
 def test_truncated_file_in_hub_cache_and_folder(tmp_path):
@@ -288,12 +305,27 @@ def test_file_named_for_another_variant(tmp_path):
         TAESD.from_pretrained(folder)
 
 
+def test_encoder_and_decoder_files_swapped(taef2_encoder_pth, taef2_decoder_pth):
+    with pytest.raises(WeightsError, match=r"the encoder weights from .*taef2_decoder\.pth are decoder weights \(they "
+                       r"fit a TAESD decoder with 32 latent channels, midblock GN\); were the encoder and decoder files swapped"):
+        TAESD.from_pretrained(encoder_path=taef2_decoder_pth, decoder_path=taef2_encoder_pth)
+
+
+def test_encoder_and_decoder_of_different_variants(taesana_encoder_pth, taef2_decoder_pth):
+    with pytest.raises(WeightsError, match=r"encoder weights from .*taesana_encoder\.pth fit 32 latent channels, f32 "
+                       r"layout but the decoder weights from .*taef2_decoder\.pth fit 32 latent channels, midblock GN: "
+                       r"the encoder and decoder come from different TAESD variants"):
+        TAESD.from_pretrained(encoder_path=taesana_encoder_pth, decoder_path=taef2_decoder_pth)
+
+
 def test_weights_of_no_published_architecture(tmp_path):
     path = tmp_path / "half_encoder.safetensors"
     state = load_file(str(BUNDLED_ENCODER))
     del state["13.pool.3.weight"]
     save_file(state, str(path))
-    with pytest.raises(WeightsError, match=r"the encoder weights from .*half_encoder\.safetensors match no published TAESD architecture"):
+    with pytest.raises(WeightsError, match=r"the encoder weights from .*half_encoder\.safetensors match no published TAESD "
+                       r"architecture.*against the closest, 32 latent channels, midblock GN: 1 missing keys \(e\.g\. "
+                       r"13\.pool\.3\.weight\)"):
         TAESD.from_pretrained(encoder_path=path)
 
 

@@ -147,6 +147,25 @@ def test_local_folder_with_subfolder(files, reference_model, probe):
     assert_same_model(TAESD.from_pretrained(files["root"], subfolder="diffusers"), reference_model, probe)
 
 
+def test_folder_with_several_variants(tmp_path, taef2_encoder_pth, taef2_decoder_pth, taesana_encoder_pth):
+    """A folder of downloads: the variant with every part asked for wins over a partial one; variant= picks; two
+    complete variants are ambiguous."""
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    for src in (taef2_encoder_pth, taef2_decoder_pth, taesana_encoder_pth):
+        shutil.copyfile(src, folder / src.name)
+    model = TAESD.from_pretrained(folder)
+    assert model.variant == "taef2" and model.encoder is not None and model.decoder is not None
+    sana = TAESD.from_pretrained(folder, variant="taesana")
+    assert sana.variant == "taesana" and sana.decoder is None
+    assert TAESD.from_pretrained(folder, variant="taef2").variant == "taef2"
+    with pytest.raises(FileNotFoundError, match=r"no taesd weights in .*downloads.*\(found: taef2, taesana\)"):
+        TAESD.from_pretrained(folder, variant="taesd")
+    shutil.copyfile(taesana_encoder_pth, folder / "taesana_decoder.pth")  # a second complete pair (not a decoder)
+    with pytest.raises(ValueError, match=r"holds weights of several TAESD variants \(taef2, taesana\); pass variant="):
+        TAESD.from_pretrained(folder)
+
+
 def test_local_folder_encoder_only_and_decoder_only(files, reference_model):
     enc_only = TAESD.from_pretrained(files["diffusers"], decoder=False)
     dec_only = TAESD.from_pretrained(files["safetensors"], encoder=False)
@@ -306,6 +325,33 @@ def test_download_falls_back_to_upstream_files(files, reference_model, probe):
     assert requested[0] == "diffusion_pytorch_model.safetensors"
     assert {"taef2_encoder.safetensors", "taef2_decoder.safetensors"} <= set(requested)
     assert all(c.kwargs["local_files_only"] is True and c.kwargs["subfolder"] is None for c in fake.call_args_list)
+
+
+def test_unreachable_hub_is_reported_once_and_the_cache_still_searched(files, reference_model, probe):
+    """No network: the first lookup fails with a connection error; the rest must only search the cache (no minutes
+    of retries per candidate file) and the error must say the Hub could not be reached, not that files are absent."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    st = files["safetensors"]
+    cached = {f"taef2_{p}.safetensors": st / f"taef2_{p}.safetensors" for p in ("encoder", "decoder")}
+
+    def download(repo_id, filename, *, local_files_only=False, **kw):
+        if not local_files_only:
+            raise LocalEntryNotFoundError("cannot find the requested files") from ConnectionError("DNS lookup failed")
+        if filename not in cached:
+            raise LocalEntryNotFoundError(f"{filename} not cached")
+        return str(cached[filename])
+
+    fake = mock.Mock(side_effect=download)
+    with mock.patch("huggingface_hub.hf_hub_download", fake):
+        assert_same_model(TAESD.from_pretrained(REPO), reference_model, probe)  # found in the cache after all
+        assert [c.kwargs["local_files_only"] for c in fake.call_args_list].count(False) == 1
+        cached.clear()
+        fake.reset_mock()
+        with pytest.raises(FileNotFoundError, match=r"could not reach the Hugging Face Hub for repo .*\(ConnectionError: "
+                           r"DNS lookup failed\).*no TAESD weights for it.*set HF_HUB_OFFLINE=1"):
+            TAESD.from_pretrained(REPO)
+        assert [c.kwargs["local_files_only"] for c in fake.call_args_list].count(False) == 1
 
 
 def test_download_of_encoder_only_asks_for_no_decoder(files):
