@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
-from .weights_io import StateDict, WeightsError, from_diffusers, read_state_dict
+from .weights_io import StateDict, WeightsError, from_diffusers, read_state_dict, reader_reason
 
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
 DIFFUSERS_CONFIG = "config.json"
@@ -151,9 +151,9 @@ def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, varia
     repo = (f"repo '{repo_id}'" + (f" (subfolder '{subfolder}')" if subfolder else "")
             + (f" at revision '{revision}'" if revision else ""))
     if unreachable is not None:
-        reason = str(unreachable).strip().splitlines()[0][:200] if str(unreachable).strip() else "no answer"
         raise FileNotFoundError(
-            f"could not reach the Hugging Face Hub for {repo} ({type(unreachable).__name__}: {reason}), and the "
+            f"could not reach the Hugging Face Hub for {repo} ({type(unreachable).__name__}: "
+            f"{reader_reason(unreachable)}), and the "
             f"local huggingface_hub cache has no TAESD weights for it; tried: {', '.join(tried)}. Check the network, "
             "or set HF_HUB_OFFLINE=1 to use only cached files, or pass local paths."
         )
@@ -235,26 +235,26 @@ def detect_architecture(loaded: LoadedWeights) -> Architecture:
     if not parts:
         raise WeightsError("no encoder or decoder weights were loaded")
     candidates = list(dict.fromkeys(VARIANTS.values()))
-    fits = {p: [a for a in candidates if _architecture_mismatch(a, p, s) is None] for p, s in parts}
+    fits = {p: [a for a in candidates if not _differences(a, p, s)] for p, s in parts}
     common = [a for a in candidates if all(a in fits[p] for p, _ in parts)]
     if common:
         return common[0]
-    origin = lambda part: loaded.origins.get(part, "the given source")  # noqa: E731
+    origin = {p: loaded.origins.get(p, "the given source") for p, _ in parts}
     for part, state in parts:
         if fits[part]:
             continue
         other = "decoder" if part == "encoder" else "encoder"
-        swapped = [a for a in candidates if _architecture_mismatch(a, other, state) is None]
+        swapped = [a for a in candidates if not _differences(a, other, state)]
         if swapped:
-            raise WeightsError(f"the {part} weights from {origin(part)} are {other} weights (they fit a TAESD {other} "
+            raise WeightsError(f"the {part} weights from {origin[part]} are {other} weights (they fit a TAESD {other} "
                                f"with {swapped[0].describe()}); were the encoder and decoder files swapped?")
         closest = min(candidates, key=lambda a: _mismatch_count(a, part, state))
         raise WeightsError(
-            f"the {part} weights from {origin(part)} match no published TAESD architecture (tried "
+            f"the {part} weights from {origin[part]} match no published TAESD architecture (tried "
             f"{'; '.join(a.describe() for a in candidates)}); against the closest, {closest.describe()}: "
             f"{_architecture_mismatch(closest, part, state)}"
         )
-    described = " but ".join(f"the {p} weights from {origin(p)} fit {' / '.join(a.describe() for a in fits[p])}"
+    described = " but ".join(f"the {p} weights from {origin[p]} fit {' / '.join(a.describe() for a in fits[p])}"
                              for p, _ in parts)
     raise WeightsError(f"{described}: the encoder and decoder come from different TAESD variants")
 
