@@ -1,8 +1,9 @@
-"""Lazy NVRTC kernel loader: compiles taesd_fast/csrc/*.cu at first use, no CUDA toolkit needed.
+"""Lazy NVRTC kernel loader: compiles the CUDA sources in csrc/ at first use, no CUDA toolkit needed.
 
 Why not torch.cuda._compile_kernel: it calls cpp_extension.include_paths("cuda"), which raises
 without CUDA_HOME, and adds nvcc flags. We talk to NVRTC (shipped with CUDA torch wheels) and the
-driver directly through ctypes, with no headers: csrc/common.cuh is prepended as plain text.
+driver directly through ctypes, with no headers: csrc/common.cuh is prepended as plain text. The sources are
+found through `resources` (the checkout's csrc/ or the installed taesd_fast/_csrc).
 
 Nothing here touches CUDA at import time.
 """
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from . import resources
+
 __all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_kernel", "is_loaded", "cache_dir", "Kernel"]
 
-_CSRC = Path(__file__).with_name("csrc")
 _PRELUDE = "common.cuh"
 _HOPPER_PRELUDE = "hopper.cuh"  # after common.cuh, for the ARCH_SPECIFIC sources
 _OPTIONS = ("--std=c++17", "-default-device", "-lineinfo")  # no fast-math: convs need exact fp32 accumulation
@@ -119,20 +121,23 @@ _sources_hash: list[str] = []
 
 
 def sources_hash() -> str:
-    """Short hash of every csrc file: part of the dispatch timing keys, so edited kernels get re-timed."""
+    """Short hash of every .cu/.cuh source: part of the dispatch timing keys, so edited kernels get re-timed."""
     if not _sources_hash:
         h = hashlib.sha256()
-        for p in sorted(_CSRC.glob("*.cu*")):
+        sources = sorted(p for p in resources.csrc_dir().iterdir() if p.suffix in (".cu", ".cuh"))
+        if not sources:
+            raise FileNotFoundError(f"taesd_fast: no kernel sources (.cu/.cuh) in {resources.csrc_dir()}")
+        for p in sources:
             h.update(p.name.encode() + b"\0" + p.read_bytes())
         _sources_hash.append(h.hexdigest()[:10])
     return _sources_hash[0]
 
 
 def _read_source(source_name: str) -> str:
-    prelude = (_CSRC / _PRELUDE).read_text()
+    prelude = resources.csrc_path(_PRELUDE).read_text()
     if source_name in ARCH_SPECIFIC:  # TMA, mbarrier and wgmma helpers: PTX that only those targets accept
-        prelude += (_CSRC / _HOPPER_PRELUDE).read_text()
-    body = (_CSRC / source_name).read_text()
+        prelude += resources.csrc_path(_HOPPER_PRELUDE).read_text()
+    body = resources.csrc_path(source_name).read_text()
     # Text inclusion keeps line numbers of the body readable in NVRTC logs.
     return prelude + f'\n#line 1 "{source_name}"\n' + body
 
@@ -348,7 +353,7 @@ def _load(source_name: str, kernel_name: str, defines: dict[str, int], index: in
 
 
 def get_kernel(source_name: str, kernel_name: str, defines: dict[str, int] | None = None, device=None) -> Kernel:
-    """Launchable `extern "C"` kernel `kernel_name` from taesd_fast/csrc/`source_name`, compiled with
+    """Launchable `extern "C"` kernel `kernel_name` from csrc/`source_name`, compiled with
     -D defines for the given (default: current) CUDA device. Cached in-process and on disk."""
     index = _device_index(device)
     defines = dict(defines or {})

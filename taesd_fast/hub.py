@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
+from .resources import weights_dir
 from .weights_io import StateDict, WeightsError, from_diffusers, read_state_dict, reader_reason
 
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
 DIFFUSERS_CONFIG = "config.json"
-BUNDLED_DIR = Path(__file__).resolve().parent / "weights"
+BUNDLED_DIR = weights_dir()  # weights/ of a checkout, taesd_fast/_weights of an install
 BUNDLED_DEFAULT = "taef2"  # the real TAEF2 weights shipped with the package (MIT, madebyollin/taesd)
 
 

@@ -1,4 +1,4 @@
-// Prepended as text to every taesd_fast/csrc/*.cu before NVRTC compiles it (see _backend.py).
+// Prepended as text to every csrc/*.cu before NVRTC compiles it (see _backend.py).
 // No headers: NVRTC runs without a CUDA toolkit, so half/bf16 conversions are written in PTX here.
 typedef unsigned short u16;  // raw f16 / bf16 bits
 typedef unsigned int u32;
