@@ -2,7 +2,7 @@
 """Kernel timeline of one graph-replayed TAESD decode (torch.profiler / CUPTI): start, duration and the gap before
 each kernel, in the order they ran. Shows where a B=1 decode's time goes: kernels, or the gaps between them.
 
-    python3 scripts/decode_timeline.py [--size 256] [--batch 1] [--variant taesd]
+    python3 tools/decode_timeline.py [--size 256] [--batch 1] [--variant taesd]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Triton tensor-core 3x3 conv (taesd_fast::conv3x3_tc) vs cuDNN channels_last on TAESD's conv shapes.
 
-    python3 scripts/bench_conv_tc.py --out /path/to/bench_conv_tc.txt [--budget-s 150] [--quick]
+    python3 tools/bench_conv_tc.py --out /path/to/bench_conv_tc.txt [--budget-s 150] [--quick]
 
 For each shape: correctness of every config (NaN-poisoned output; rel error vs an fp32 conv of the same f16 inputs,
 TF32 off, must be <= 2x cuDNN's own f16 error), then GPU time of a small config sweep (BLOCK_M, num_warps,
