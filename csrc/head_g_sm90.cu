@@ -15,17 +15,16 @@
 //     owns 8 pixels, a lane 2 channels of each chunk, so a pixel's sum of squares is in-thread plus one
 //     reduce-scatter across the warp per frame. The norm needs the whole frame: the warps hold it in registers and
 //     free each raw slot as soon as it is read, then write the activated chunks into the other ring. (One ring,
-//     activated in place, kept each slot from its load through the frame's last chunk and the MMAs: 0.45 vs 0.41 ms,
-//     BENCHMARKS.md run FF6);
+//     activated in place, kept each slot from its load through the frame's last chunk and the MMAs: 0.45 vs 0.41 ms
+//     on an H200);
 //   * warpgroup 3: the MMAs, from the activated ring. Window frame s feeds output frames s-2, s-1, s (taps 2, 1,
 //     0) in three fp32 accumulators [64 px][112] (168 registers); output s-2 is complete after frame s and leaves
 //     as bf16 g. The frames go in a 3-frame loop body, so the accumulators rotate by renaming and the code stays
-//     small (the previous CUDA form unrolled every frame and missed the instruction cache: BENCHMARKS.md, run CC7).
+//     small (a form that unrolled every frame, a 740 KB cubin at T=4, missed the instruction cache).
 //     Frames s >= T_OUT also leave, from their activated slot, as the new cache (TMA stores).
 //
-// Measured (H200, the Wan chunk: T=4 + 2 cached, 352x640): 0.41 ms against the Gluon kernel's 0.66 (BENCHMARKS.md
-// run FF6; 0.614 before the reduce-scatter and the paired g stores, 0.45 with one ring). Now the MMA warpgroup sets
-// the pace (kernels/head_cuda.py says why; BENCHMARKS.md, runs DD1-DD7, EE1-EE11 and FF1-FF11, what else was tried).
+// On an H200 at the Wan chunk (T=4 + 2 cached, 352x640) it takes 0.41 ms against the Gluon kernel's 0.66; the MMA
+// warpgroup sets the pace (kernels/head_cuda.py says why; docs/lab-notes.md records the forms that were slower).
 //
 // Defines (names NVRTC's built-in headers do not use): CHUNKS = C / 64 (1..4), SLOTS (slots in all), ACT_SLOTS
 // (activated slots, >= 2: the MMAs hold one chunk's slot while the next one's MMAs are issued). T_OUT and
@@ -123,7 +122,7 @@ __device__ __forceinline__ void st_shared_v4(u32 addr, uint4 v) {
                : "memory");
 }
 // Two pixels of one channel: bf16(silu(bf16(x * inv * gs))) with half_gs = gs / 2. SiLU as h + h * tanh(h), h =
-// y / 2 (one MUFU op per element, BENCHMARKS.md run V1); h = bf16(x * inv * half_gs) is exactly bf16(y) / 2.
+// y / 2 (one MUFU op per element instead of two); h = bf16(x * inv * half_gs) is exactly bf16(y) / 2.
 __device__ __forceinline__ u32 activate2(u32 x, float inv_lo, float inv_hi, float half_gs) {
   u32 h = pack_bf16x2(lo_f(x) * inv_lo * half_gs, hi_f(x) * inv_hi * half_gs);
   float h0 = lo_f(h), h1 = hi_f(h);
@@ -188,7 +187,7 @@ __device__ void activate(const RawRing& raw, const ActRing& act, const Tiles& ti
         }
         // The chunk is in registers: its slot can take the next load. The arrive does not wait for the lane's
         // shared loads to return; the fence does (without it the next TMA load sometimes overwrote a slot that a
-        // warp was still reading: 1-13 runs in 20 differed, run FF5).
+        // warp was still reading: 1-13 runs in 20 differed).
         asm volatile("fence.acq_rel.cta;" ::: "memory");
         __syncwarp();
         if (lane == 0) mbar_arrive(raw.empty_bar(q + kc), 1);
@@ -246,7 +245,7 @@ __device__ __forceinline__ void release(Mma& m) {
 // Output frame o of tile (img, p0), complete: g[img, o, pixel, 0..111] bf16 (dense [B, T_OUT, H*W, 112]). The lane
 // holds pixels row and row + 8 of its warp's 16, columns 8 j + 2 (lane % 4) + {0, 1}. Lanes 2i and 2i + 1 swap one
 // 4-byte pair per two column blocks, so each stores 8 bytes and a warp's store fills whole 32-byte sectors: 4-byte
-// stores (half sectors, twice the instructions) made g's stores cost 0.17 of 0.49 ms (probe, run EE9).
+// stores (half sectors, twice the instructions) took 0.50 ms per Wan chunk against 0.45-0.46 with 8-byte ones.
 __device__ __forceinline__ void store_g(const Mma& m, const float (&d)[56], int img, int p0, int o) {
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int p_a = p0 + (tid / 32) * 16 + lane / 4, p_b = p_a + 8;

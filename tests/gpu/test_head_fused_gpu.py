@@ -368,7 +368,8 @@ def test_torch_compile_fullgraph():
 
 
 # The Wan chunk (26-27 tiles per program: the rings wrap), and shapes with at most one tile per program, where the
-# FF5 race (a raw slot reloaded before a warp had read it) showed in 6-13 runs of 20 (at the Wan chunk in 0-1).
+# race this guards against (a raw slot reloaded before a warp had read it) showed in 6-13 runs of 20 (at the Wan
+# chunk in 0-1).
 REPEAT_SHAPES = [(4, 352, 640, True), (1, 352, 640, False), (3, 64, 72, True), (4, 64, 72, False)]
 
 
@@ -376,7 +377,7 @@ REPEAT_SHAPES = [(4, 352, 640, True), (1, 352, 640, False), (3, 64, 72, True), (
 @pytest.mark.parametrize("cfg", HOPPER)
 def test_hopper_repeat_runs_are_bitwise_equal(cfg, t, h, w, with_cache):
     """The Hopper kernels hand slots over through mbarriers only (compute-sanitizer's racecheck does not follow the
-    TMA load's barrier completion between them, see BENCHMARKS.md); their sums have a fixed order, so any lost
+    TMA load's barrier completion between them); their sums have a fixed order, so any lost
     handover would show as a run that differs."""
     _needs_sm90()
     head = _head(seed=12)
