@@ -124,7 +124,7 @@ def sources_hash() -> str:
     """Short hash of every .cu/.cuh source: part of the dispatch timing keys, so edited kernels get re-timed."""
     if not _sources_hash:
         h = hashlib.sha256()
-        sources = sorted(p for p in resources.csrc_dir().iterdir() if p.suffix in (".cu", ".cuh"))
+        sources = resources.csrc_sources()
         if not sources:
             raise FileNotFoundError(f"taesd_fast: no kernel sources (.cu/.cuh) in {resources.csrc_dir()}")
         for p in sources:

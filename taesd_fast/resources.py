@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["csrc_dir", "csrc_path", "weights_dir", "weights_path"]
+__all__ = ["csrc_dir", "csrc_path", "csrc_sources", "weights_dir", "weights_path"]
 
 _PACKAGE = Path(__file__).resolve().parent
-_CSRC = ("_csrc", "csrc")  # (inside an installed package, at the top of a checkout)
+_CSRC = ("_csrc", "csrc")  # (name inside an installed package, name at the top of a checkout)
 _WEIGHTS = ("_weights", "weights")
 
 
@@ -45,6 +45,12 @@ def csrc_dir() -> Path:
 def csrc_path(name: str) -> Path:
     """The kernel source file `name` (e.g. "conv3x3_f16.cu"); FileNotFoundError if it is missing."""
     return _file(_CSRC, name, "kernel source")
+
+
+def csrc_sources(folder: Path | None = None) -> list[Path]:
+    """Every .cu/.cuh file in `folder` (default: csrc_dir()), sorted by name."""
+    folder = csrc_dir() if folder is None else folder
+    return sorted(p for p in folder.iterdir() if p.suffix in (".cu", ".cuh")) if folder.is_dir() else []
 
 
 def weights_dir() -> Path:

@@ -43,7 +43,7 @@ import torch
 from taesd_fast import TAESD, _backend, hub, resources
 
 csrc = resources.csrc_dir()
-names = sorted(p.name for p in csrc.iterdir() if p.suffix in (".cu", ".cuh"))
+names = [p.name for p in resources.csrc_sources()]
 # Every source name the installed code passes to the loader (string literals such as "conv3x3_f16.cu").
 code = "".join(p.read_text() for p in package.rglob("*.py"))
 referenced = sorted(set(re.findall(r"[\"']([\w.-]+\.cuh?)[\"']", code)))
@@ -114,7 +114,7 @@ def test_wheel_holds_every_module_source_and_weight(installed):
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "taesd_fast").rglob("*.py")}
     missing = sorted(modules - inside)
     assert not missing, f"not in the wheel (add the subpackage to [tool.setuptools] packages): {missing}"
-    sources = {f"taesd_fast/_csrc/{p.name}" for p in (ROOT / "csrc").iterdir() if p.suffix in (".cu", ".cuh")}
+    sources = {f"taesd_fast/_csrc/{p.name}" for p in resources.csrc_sources(ROOT / "csrc")}
     weights = {f"taesd_fast/_weights/{p.name}" for p in (ROOT / "weights").iterdir() if p.is_file()}
     assert sources and weights
     assert sorted((sources | weights) - inside) == []
@@ -125,7 +125,7 @@ def test_installed_package_reads_its_own_sources(installed):
     package = Path(child["package"])
     for key in ("csrc", "weights", "bundled_dir"):
         assert package in Path(child[key]).parents, (key, child[key])
-    checkout = sorted(p.name for p in (ROOT / "csrc").iterdir() if p.suffix in (".cu", ".cuh"))
+    checkout = [p.name for p in resources.csrc_sources(ROOT / "csrc")]
     assert child["names"] == checkout
     unresolved = sorted(set(child["referenced"]) - set(child["names"]))
     assert child["referenced"] and not unresolved, f"sources named in the code but not shipped: {unresolved}"
@@ -133,7 +133,7 @@ def test_installed_package_reads_its_own_sources(installed):
     assert all(size > 0 for size in child["read"].values())
     # The same names and bytes give the same hash, so installed and checkout kernels share dispatch timings.
     assert child["sources_hash"] == _backend.sources_hash()
-    expected = {p.name: p for p in (ROOT / "csrc").iterdir() if p.suffix in (".cu", ".cuh")}
+    expected = {p.name: p for p in resources.csrc_sources(ROOT / "csrc")}
     expected.update({"weights/" + p.name: p for p in (ROOT / "weights").iterdir() if p.is_file()})
     assert child["files"] == {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in expected.items()}
 
