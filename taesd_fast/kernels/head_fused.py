@@ -492,9 +492,14 @@ def _hopper_operands(variant: str, features: Tensor, cache: Tensor | None) -> tu
     if why is not None:
         raise ValueError(f"fused_head: variant {variant!r} cannot run this call: {why}")
     if frames_tma_reason(features, cache) is not None:
-        features = features.contiguous()
-        cache = None if cache is None else cache.contiguous()
+        features, cache = _dense_aligned(features), None if cache is None else _dense_aligned(cache)
     return features, cache
+
+
+def _dense_aligned(t: Tensor) -> Tensor:
+    """t as a contiguous tensor with a 16-byte aligned base (a fresh copy where t is not one already)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
