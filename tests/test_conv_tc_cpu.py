@@ -287,11 +287,11 @@ def test_op_names_only_conv_rows():
     """The op's variant names a conv2d kernel row; anything else is a clear error, not another kernel."""
     from taesd_fast.kernels import conv_op
 
-    assert conv_op.launcher("triton_conv") is tc.launch_conv
+    assert conv_op.launcher("triton_conv") is tc.launch_conv  # each module registers its launch as it loads
     assert conv_op.launcher("triton_conv_tma") is conv_tc_tma.launch_conv
     assert conv_op.launcher("gluon_conv_tile") is conv_tile.launch_conv
     for bad in ("tc", "simt_f16_tile", "split_bf16"):
-        with pytest.raises(ValueError, match="is not a tensor-core conv row"):
+        with pytest.raises(ValueError, match="is not a loaded tensor-core conv row"):
             conv_op.launcher(bad)
 
 

@@ -8,7 +8,7 @@ CPU it runs the PyTorch twin (fp32 maths, one rounding), or under TRITON_INTERPR
 
 from __future__ import annotations
 
-import importlib
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -16,7 +16,7 @@ from torch import Tensor
 from .conv_contract import check_conv_args, conv3x3_math, new_out
 from .triton_import import interpreting, triton_unavailable_reason
 
-__all__ = ["DEFAULT_VARIANT", "conv3x3_tc", "conv3x3_tc_ref", "launcher"]
+__all__ = ["DEFAULT_VARIANT", "conv3x3_tc", "conv3x3_tc_ref", "launcher", "register"]
 
 DEFAULT_VARIANT = "triton_conv"  # the pointer kernel: every shape the contract allows, any CUDA GPU Triton runs on
 
@@ -29,17 +29,23 @@ def conv3x3_tc_ref(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | No
     return new_out(out_shape, x).copy_(y)
 
 
-def launcher(variant: str):
-    """The eager launch function (`launch_conv`) of the conv2d kernel row named `variant`."""
-    from .rows import KERNEL_ROWS
+_LAUNCHERS: dict[str, Callable[..., Tensor]] = {}  # row name -> its eager launch, filled as the modules load
 
-    for row in KERNEL_ROWS:
-        if row.kind == "conv2d" and row.name == variant:
-            fn = getattr(importlib.import_module(f"{__package__}.{row.module}"), "launch_conv", None)
-            if fn is not None:
-                return fn
-    names = [r.name for r in KERNEL_ROWS if r.kind == "conv2d"]
-    raise ValueError(f"conv3x3_tc: variant {variant!r} is not a tensor-core conv row (expected one of {names})")
+
+def register(variant: str, launch: Callable[..., Tensor]) -> None:
+    """Called by each tensor-core conv module at import: the op may then run that row's kernel. (The kernel modules
+    import this one; this one imports none of them.)"""
+    _LAUNCHERS[variant] = launch
+
+
+def launcher(variant: str) -> Callable[..., Tensor]:
+    """The eager launch function of the conv2d kernel row named `variant` (its module must be imported: a row's run
+    imports it, and so does tracing through it)."""
+    fn = _LAUNCHERS.get(variant)
+    if fn is None:
+        raise ValueError(f"conv3x3_tc: variant {variant!r} is not a loaded tensor-core conv row (loaded: "
+                         f"{sorted(_LAUNCHERS)}; rows.KERNEL_ROWS names each row's module)")
+    return fn
 
 
 @torch.library.custom_op("taesd_fast::conv3x3_tc", mutates_args=())

@@ -17,6 +17,7 @@ import warnings
 from torch import Tensor
 
 from .. import _backend
+from . import conv_op
 from .conv_launch import mark_launched, on_device, prepare, route, sm90_spec_reason
 from .conv_pack import packed_weight, plan
 from .conv_schedule import rows_per_program
@@ -116,3 +117,6 @@ def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | 
         upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
     return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from . import conv_op
 from .conv_contract import conv_shape_reason, output_shape
 from .conv_epilogue import epilogue, upsample_phase
 from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
@@ -268,3 +269,6 @@ def flops(x_shape, w_shape, stride: int = 1, upsample: int = 1) -> float:
     """MACs x 2 of the equivalent (unfolded) 3x3 conv on the output grid: the figure TFLOP/s are quoted in."""
     B, c_out, Ho, Wo = output_shape(x_shape, w_shape, stride, upsample)
     return 2.0 * B * Ho * Wo * c_out * 9 * w_shape[1]
+
+
+conv_op.register(NAME, launch_conv)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import conv_op
 from .conv_contract import conv_shape_reason
 from .conv_epilogue import epilogue, upsample_phase
 from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
@@ -196,3 +197,6 @@ def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | 
         upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
     return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

@@ -42,8 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import importlib
-
 from . import head as _split
 from .derived import derived  # the derived-tensor cache
 from .head_g_layout import CAUSAL, GC
@@ -56,7 +54,6 @@ N_PAD = 128  # g channels computed (tl.dot needs a power of two)
 VARIANTS = ("roll", "per_t")  # the Triton kernels (they also run under TRITON_INTERPRET=1)
 HOPPER = "wgmma"  # the Gluon kernel (head_wgmma.py), sm_90 only
 CUDA_SM90 = "cuda_sm90"  # the CUDA C++ kernel (head_cuda.py), sm_90 only
-_HOPPER_MODULES = {CUDA_SM90: "head_cuda", HOPPER: "head_wgmma"}
 # "auto": the CUDA kernel where head_cuda supports the call, else the Gluon kernel where head_wgmma does, else
 # "roll" with the Triton config below (the best of a sweep on the H200).
 DEFAULT_CONFIG = {"variant": "auto", "block_m": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}
@@ -465,8 +462,11 @@ def _contiguous_ints(c: int, t: int, h: int, w: int, has_cache: bool) -> tuple:
 
 
 def _hopper_module(variant: str):
-    """head_cuda or head_wgmma, imported when first named (they import this module for the shared glue)."""
-    return importlib.import_module(f"{__package__}.{_HOPPER_MODULES[variant]}")
+    """head_cuda or head_wgmma, imported when first named. They import this module for the shared glue, so this is
+    a call-time import (tests/test_import_graph.py reports it); the op and "auto" need to reach them."""
+    from . import head_cuda, head_wgmma
+
+    return {CUDA_SM90: head_cuda, HOPPER: head_wgmma}[variant]
 
 
 def _variant(variant: str, features: Tensor, cache: Tensor | None) -> str:
@@ -519,7 +519,7 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
     cache = None if cache is None else _flat_pixels(cache)
     auto = cfg["variant"] == "auto"
     cfg["variant"] = _variant(cfg["variant"], features, cache)
-    if cfg["variant"] in _HOPPER_MODULES:
+    if cfg["variant"] in (CUDA_SM90, HOPPER):
         features, cache = _hopper_operands(cfg["variant"], features, cache)
     elif cfg["variant"] not in VARIANTS:
         raise ValueError(f"fused_head: variant must be one of {('auto', CUDA_SM90, HOPPER, *VARIANTS)}, "
