@@ -30,12 +30,12 @@ from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
 from .conv_op import conv3x3_tc, conv3x3_tc_ref
 from .conv_pack import Plan, packed_weight, plan
 from .tma_pdl import pdl_args, pdl_start
-from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
+from .triton_import import TRITON_ERROR, tl, triton, triton_available, triton_unavailable_reason
 
 __all__ = [
     "NAME", "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc", "conv3x3_tc_ref", "conv3x3_tc_launch",
     "unsupported_reason", "default_config", "output_shape", "spec_unsupported_reason", "spec_ready", "run",
-    "launch_conv", "run_conv2d", "flops",
+    "launch_conv", "run_conv2d", "flops", "triton_available", "triton_unavailable_reason",
 ]
 
 NAME = "triton_conv"

@@ -18,7 +18,7 @@ except Exception as e:  # noqa: BLE001  ImportError, or a broken install raising
     triton = tl = gdc_launch_dependents = gdc_wait = None
     TRITON_ERROR = f"triton not importable ({type(e).__name__}: {e})"
 
-__all__ = ["TRITON_ERROR", "gdc_launch_dependents", "gdc_wait", "interpreting", "tl", "triton",
+__all__ = ["TRITON_ERROR", "gdc_launch_dependents", "gdc_wait", "interpreting", "tl", "triton", "triton_available",
            "triton_unavailable_reason"]
 
 
@@ -44,3 +44,7 @@ def triton_unavailable_reason(device: torch.device | str | None = "cuda") -> str
     if major < 8:  # f16/bf16 mma.sync with fp32 accumulation as Triton emits it: Ampere and newer
         return f"compute capability {major}.{minor} (needs >= 8.0)"
     return None
+
+
+def triton_available(device: torch.device | str | None = "cuda") -> bool:
+    return triton_unavailable_reason(device) is None
