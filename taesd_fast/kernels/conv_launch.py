@@ -12,9 +12,10 @@ from torch import Tensor
 from . import conv_op
 from .conv_contract import check_conv_args, conv_shape_reason, new_out
 from .device import is_sm90
-from .tma_pdl import aligned_nhwc
+from .tma_pdl import aligned_nhwc, pdl_args
 
-__all__ = ["ConvCall", "mark_launched", "on_device", "prepare", "route", "sm90_spec_reason", "spec_launched"]
+__all__ = ["ConvCall", "launch_checked", "mark_launched", "on_device", "prepare", "route", "sm90_spec_reason",
+           "spec_launched"]
 
 
 @dataclass
@@ -40,6 +41,22 @@ def prepare(op: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | 
     copied = [] if b is None or b.is_contiguous() else ["bias copy"]
     b = None if b is None else b.contiguous()
     return ConvCall(x, b, residual, new_out(out_shape, x), copied)
+
+
+def launch_checked(variant: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int,
+                   relu: bool, upsample: int, pre_clamp: bool, refuse: str | None, packed, kernel,
+                   extra=()) -> Tensor:
+    """The eager launch of a Hopper conv row: check the call (the contract, then `refuse`: the row's own reason, or
+    None; ValueError naming it), lay out the operands for TMA, pack the weight (packed() -> (weight, packed_now)),
+    launch (kernel(call, weight, pdl_args)) on x's device, and record the launch. Returns the channels_last output."""
+    call = prepare(variant, x, w, b, residual, stride, upsample, tma=True)
+    if refuse is not None:
+        raise ValueError(f"{variant}: {refuse}")
+    wp, packed_now = packed()
+    with on_device(call.x):
+        kernel(call, wp, pdl_args(call.x, packed_now + call.copied))
+    mark_launched(variant, call.x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu, extra)
+    return call.out
 
 
 def on_device(x: Tensor):

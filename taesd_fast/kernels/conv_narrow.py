@@ -31,13 +31,13 @@ import torch
 from torch import Tensor
 
 from . import conv_op
-from .conv_launch import mark_launched, on_device, prepare, route, sm90_spec_reason, spec_launched
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
 from .conv_pack import packed_weight, plan
 from .conv_schedule import one_wave_reason
 from .device import sm_count
 from .gluon_import import GLUON_ERROR as _GLUON_ERROR
 from .gluon_import import TensorDescriptor, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from .tma_pdl import nhwc_desc, pdl_args, pdl_wait
+from .tma_pdl import nhwc_desc, pdl_wait
 
 NAME = "gluon_conv_narrow"
 
@@ -123,7 +123,7 @@ if gluon is not None:
         # y[x, o] = bias[o] + P[x-1, o] + P[x, C_OUT + o] + P[x+1, 2 * C_OUT + o]. Each column is first summed out
         # of the accumulator ([BW] vectors), then the dx = 0 and dx = 2 vectors are shifted by one pixel with a
         # gather (zero outside the row: the padding). Gathers of the whole [BW, N] accumulator cost ~0.7 us each, and
-        # one whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6, runs Z2-Z5).
+        # one whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6).
         px = gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
         n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
         base = ((img * H + row).to(gl.int64) * W + px) * C_OUT
@@ -216,19 +216,15 @@ def launch(x: Tensor, wn: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl
 def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
                 upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
-    call = prepare("conv_narrow", x, w, b, residual, stride, upsample, tma=True)
     B, c_in, H, W = x.shape
     c_out = w.shape[0]
-    reason = shape_reason(c_in, c_out, W, stride, upsample, pre_clamp, residual is not None)
-    if reason is None and x.is_cuda:
-        reason = one_wave_reason(x.shape, lambda sms: rows_per_program(B, H, W, c_out, sms), sm_count(x.device))
-    if reason is not None:
-        raise ValueError(f"conv_narrow: {reason}")
-    wn, packed_now = packed_weight(w, upsample, plan(C, c_out, upsample), tag=NAME, build=lambda: pack(w.detach()))
-    with on_device(call.x):
-        launch(call.x, wn, call.b, call.out, relu, pdl_args(call.x, packed_now + call.copied))
-    mark_launched(NAME, call.x, w, stride, upsample, pre_clamp, b is not None, False, relu, tuple(x.shape))
-    return call.out
+    refuse = shape_reason(c_in, c_out, W, stride, upsample, pre_clamp, residual is not None)
+    if refuse is None and x.is_cuda:
+        refuse = one_wave_reason(x.shape, lambda sms: rows_per_program(B, H, W, c_out, sms), sm_count(x.device))
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, c_out, upsample), tag=NAME,
+                                                build=lambda: pack(w.detach())),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.out, relu, pdl), tuple(x.shape))
 
 
 def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,

@@ -18,12 +18,11 @@ from torch import Tensor
 
 from .. import _backend
 from . import conv_op
-from .conv_launch import mark_launched, on_device, prepare, route, sm90_spec_reason
+from .conv_launch import launch_checked, route, sm90_spec_reason
 from .conv_pack import packed_weight, plan
 from .conv_schedule import rows_per_program
 from .derived import derived
 from .device import sm_count
-from .tma_pdl import pdl_args
 
 NAME = "cuda_conv_rows"
 SOURCE, KERNEL = "conv_row_sm90.cu", "conv_row_sm90"
@@ -95,22 +94,19 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
 def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
                 upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
-    call = prepare("conv_row", x, w, b, residual, stride, upsample, tma=True)
-    reason = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
-    if reason is not None:
-        raise ValueError(f"conv_row: {reason}")
-    B, _, H, W = call.x.shape
-    rows = rows_per_program(B, H, -(-W // STRIP), sm_count(call.x.device))
-    wp, packed_now = packed_weight(w, upsample, plan(C, C, upsample))
-    pdl = pdl_args(call.x, packed_now + call.copied)["PDL"]
-    try:
-        with on_device(call.x):
-            launch(call.x, wp, call.b, call.residual, call.out, relu, rows, pdl)
-    except RuntimeError as e:  # NVRTC or the driver refused it; nothing was launched
-        give_up(e)
-        raise
-    mark_launched(NAME, call.x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu)
-    return call.out
+    refuse = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
+
+    def kernel(call, wp, pdl):
+        B, _, H, W = call.x.shape
+        rows = rows_per_program(B, H, -(-W // STRIP), sm_count(call.x.device))
+        try:
+            launch(call.x, wp, call.b, call.residual, call.out, relu, rows, pdl["PDL"])
+        except RuntimeError as e:  # NVRTC or the driver refused it; nothing was launched
+            give_up(e)
+            raise
+
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, C, upsample)), kernel)
 
 
 def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,

@@ -27,13 +27,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from . import conv_op
-from .conv_launch import mark_launched, on_device, prepare, route, sm90_spec_reason, spec_launched
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
 from .conv_pack import packed_weight, plan
 from .device import sm_count
 from .gluon_import import GLUON_ERROR as _GLUON_ERROR
 from .gluon_import import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
                            warpgroup_mma_wait)
-from .tma_pdl import nhwc_desc, pdl_args, pdl_wait
+from .tma_pdl import nhwc_desc, pdl_wait
 
 NAME = "gluon_conv_tile"
 
@@ -194,16 +194,10 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
 def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
                 upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
-    call = prepare("conv_tile", x, w, b, residual, stride, upsample, tma=True)
-    reason = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
-    if reason is not None:
-        raise ValueError(f"conv_tile: {reason}")
-    wp, packed_now = packed_weight(w, upsample, plan(C, C, upsample))
-    with on_device(call.x):
-        launch(call.x, wp, call.b, call.residual, call.out, relu, pdl_args(call.x, packed_now + call.copied))
-    mark_launched(NAME, call.x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
-                  tuple(x.shape))
-    return call.out
+    refuse = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, C, upsample)),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.residual, c.out, relu, pdl), tuple(x.shape))
 
 
 def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,

@@ -27,14 +27,14 @@ import functools
 from torch import Tensor
 
 from . import conv_op
-from .conv_launch import mark_launched, on_device, prepare, route, sm90_spec_reason, spec_launched
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
 from .conv_pack import packed_weight, plan
 from .conv_schedule import one_wave_reason
 from .device import sm_count
 from .gluon_import import GLUON_ERROR as _GLUON_ERROR
 from .gluon_import import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
                            warpgroup_mma_wait)
-from .tma_pdl import nhwc_desc, pdl_args, pdl_wait
+from .tma_pdl import nhwc_desc, pdl_wait
 
 NAME = "gluon_conv_up"
 
@@ -195,18 +195,13 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl
 def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
                 upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
-    call = prepare("conv_up", x, w, b, residual, stride, upsample, tma=True)
     B, c_in, H, W = x.shape
-    reason = shape_reason(c_in, w.shape[0], W, stride, upsample, pre_clamp, residual is not None)
-    if reason is None and x.is_cuda:
-        reason = one_wave_reason(x.shape, lambda sms: rows_per_program(B, H, W, sms), sm_count(x.device))
-    if reason is not None:
-        raise ValueError(f"conv_up: {reason}")
-    wp, packed_now = packed_weight(w, upsample, plan(C, C, upsample))
-    with on_device(call.x):
-        launch(call.x, wp, call.b, call.out, relu, pdl_args(call.x, packed_now + call.copied))
-    mark_launched(NAME, call.x, w, stride, upsample, pre_clamp, b is not None, False, relu, tuple(x.shape))
-    return call.out
+    refuse = shape_reason(c_in, w.shape[0], W, stride, upsample, pre_clamp, residual is not None)
+    if refuse is None and x.is_cuda:
+        refuse = one_wave_reason(x.shape, lambda sms: rows_per_program(B, H, W, sms), sm_count(x.device))
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, C, upsample)),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.out, relu, pdl), tuple(x.shape))
 
 
 def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,

@@ -57,29 +57,21 @@ def _count_launches(module, monkeypatch) -> list:
     return calls
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    return _count_launches(conv_halo, monkeypatch)
+def _counting(module):
+    """A fixture: the list of `module.launch` calls during the test (the kernel under test really ran)."""
+
+    @pytest.fixture
+    def fixture(monkeypatch):
+        return _count_launches(module, monkeypatch)
+
+    return fixture
 
 
-@pytest.fixture
-def row_launches(monkeypatch):
-    return _count_launches(conv_row, monkeypatch)
-
-
-@pytest.fixture
-def tile_launches(monkeypatch):
-    return _count_launches(conv_tile, monkeypatch)
-
-
-@pytest.fixture
-def up_launches(monkeypatch):
-    return _count_launches(conv_up, monkeypatch)
-
-
-@pytest.fixture
-def narrow_launches(monkeypatch):
-    return _count_launches(conv_narrow, monkeypatch)
+launches = _counting(conv_halo)
+row_launches = _counting(conv_row)
+tile_launches = _counting(conv_tile)
+up_launches = _counting(conv_up)
+narrow_launches = _counting(conv_narrow)
 
 
 def _make(B, H, W, bias, residual, gen, cout=64):
