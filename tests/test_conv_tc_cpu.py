@@ -283,6 +283,26 @@ def test_opcheck_cpu():
     torch.library.opcheck(torch.ops.taesd_fast.conv3x3_tc.default, (x, w, b, r, 1, True, 1, False, "gluon_conv_tile"))
 
 
+def test_rows_trace_through_the_op_under_torch_compile():
+    """While torch.compile traces, a row's run is the conv3x3_tc op naming that row (a graph node, not a launch);
+    on CPU the compiled graph then runs the op's twin. fullgraph: no break around the kernels."""
+    from taesd_fast.kernels import conv_halo
+
+    x, w, b, r = _make(1, 64, 64, 5, 6, seed=4)
+    seen = []
+    real = torch.ops.taesd_fast.conv3x3_tc.default
+
+    def backend(gm, example_inputs):
+        seen.extend(n.args[-1] for n in gm.graph.nodes if n.target in (real, torch.ops.taesd_fast.conv3x3_tc))
+        return gm
+
+    for row in (tc, conv_tc_tma, conv_halo):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x, r, row=row: row.run(x, w, b, 1, r, True), backend=backend, fullgraph=True)
+        torch.testing.assert_close(fn(x, r), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
+    assert seen == ["triton_conv", "triton_conv_tma", "gluon_conv_rows"]
+
+
 def test_op_names_only_conv_rows():
     """The op's variant names a conv2d kernel row; anything else is a clear error, not another kernel."""
     from taesd_fast.kernels import conv_op
