@@ -1,5 +1,7 @@
-"""CPU checks of taesd_fast::conv3x3_tc (kernels/conv_tc.py): argument checks, the PyTorch twin, the upsample-fold
-maths, weight packing and its cache, and the Triton kernel itself run by Triton's interpreter.
+"""CPU checks of the Triton tensor-core convs (rows "triton_conv", kernels/conv_tc.py, and "triton_conv_tma",
+kernels/conv_tc_tma.py) and the taesd_fast::conv3x3_tc op: argument checks, the PyTorch twin, the upsample-fold
+maths, weight packing and its cache, the Gluon kernels' launch-shape searches, and the two Triton kernels themselves
+run by Triton's interpreter.
 
 Interpreter: TRITON_INTERPRET=1 must be set before triton is imported, and it would turn every Triton kernel in the
 process into Python. So the kernel cases run in one subprocess (this file run as a script with --interpret-cases),
@@ -24,8 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from taesd_fast.kernels import conv_contract, conv_launch, conv_pack, conv_schedule, conv_tc_tma, conv_tile
 from taesd_fast.kernels import conv_tc as tc
-from taesd_fast.kernels import conv_halo, conv_row, conv_tile, conv_tc_tma
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
@@ -47,12 +49,12 @@ def _make(B, cin, cout, H, W, stride=1, upsample=1, bias=True, residual=True, se
 
 
 def _reference64(*args):
-    return tc.conv3x3_math(*args, dtype=torch.float64)
+    return conv_contract.conv3x3_math(*args, dtype=torch.float64)
 
 
 def _torch_f16(*args):
     """What the model computes today, op by op in f16 (the decoder's Clamp, nn.Upsample, conv, + skip, ReLU)."""
-    return tc.conv3x3_math(*args)
+    return conv_contract.conv3x3_math(*args)
 
 
 # --------------------------------------------------------------------------- no Triton needed
@@ -101,7 +103,7 @@ def test_upsample_fold_is_exact_in_fp64(H, W):
     x = torch.randn(2, 5, H, W, generator=gen, dtype=torch.float64)
     w = torch.randn(6, 5, 3, 3, generator=gen, dtype=torch.float64)
     want = F.conv2d(F.interpolate(x, scale_factor=2, mode="nearest"), w, padding=1)
-    phases = tc.fold_upsample_weight(w).double()  # fp32 sums of fp64 weights: compare at fp32 precision
+    phases = conv_pack.fold_upsample_weight(w).double()  # fp32 sums of fp64 weights: compare at fp32 precision
     got = torch.empty_like(want)
     xp = F.pad(x, (1, 1, 1, 1))  # low-res zero padding = upsampled zero padding
     for py in range(2):
@@ -116,10 +118,10 @@ def test_upsample_fold_is_exact_in_fp64(H, W):
 def test_pack_weight_layout(c_in, upsample, block_k):
     c_out = 40
     w = torch.randn(c_out, c_in, 3, 3).half()
-    plan = tc._plan(c_in, c_out, upsample, block_k)
-    wp = tc.pack_weight(w, upsample, plan)
+    plan = conv_pack.plan(c_in, c_out, upsample, block_k)
+    wp = conv_pack.pack_weight(w, upsample, plan)
     assert wp.shape == (plan.phases, plan.k_rows, plan.n_pad) and wp.dtype == torch.float16
-    full = tc.fold_upsample_weight(w) if upsample == 2 else w.float().unsqueeze(0)
+    full = conv_pack.fold_upsample_weight(w) if upsample == 2 else w.float().unsqueeze(0)
     ks = plan.ks
     for p in range(plan.phases):
         for ky in range(ks):
@@ -139,12 +141,12 @@ def test_pack_cache_sees_in_place_updates():
     from taesd_fast.kernels.derived import derived
 
     w = torch.randn(8, 16, 3, 3).half()
-    plan = tc._plan(16, 8, 1)
+    plan = conv_pack.plan(16, 8, 1)
     calls = []
 
     def build():
         calls.append(1)
-        return tc.pack_weight(w, 1, plan)
+        return conv_pack.pack_weight(w, 1, plan)
 
     a = derived.get(w, ("t", plan), build)
     assert derived.get(w, ("t", plan), build) is a and len(calls) == 1
@@ -152,42 +154,19 @@ def test_pack_cache_sees_in_place_updates():
         w.mul_(2)  # bumps the version counter
     c = derived.get(w, ("t", plan), build)
     assert len(calls) == 2 and torch.equal(c.float(), 2 * a.float())
+    # packed_weight: the launch's view of the same cache, saying whether it packed in this call (then no PDL)
+    wp, packed_now = conv_pack.packed_weight(w, 1, plan)
+    assert packed_now and torch.equal(wp, conv_pack.pack_weight(w, 1, plan))
+    wp2, packed_now = conv_pack.packed_weight(w, 1, plan)
+    assert wp2 is wp and not packed_now
 
 
 def test_default_config_is_deterministic():
     big = tc.default_config(64, 64, 1, 1, 64 * 256 * 256)
     assert big == tc.default_config(64, 64, 1, 1, 64 * 256 * 256) and big.block_m == 128
-    assert tc.default_config(64, 64, 1, 1, 2 * 32 * 32).block_m == 64  # too few tiles for 128
-    assert big.tile_w and not tc.default_config(64, 64, 1, 1, 64 * 256 * 256, tma=False).tile_w  # eager: no TMA
-    assert not tc.default_config(4, 64, 1, 1, 64 * 256 * 256).tile_w  # flat mode (C_in < 16) has no TMA variant
-
-
-def test_default_config_takes_the_row_streaming_kernel_for_64_to_64_and_64_to_3():
-    big = 64 * 256 * 256
-    assert tc.default_config(64, 64, 1, 1, big).halo_w == 128
-    assert tc.default_config(64, 3, 1, 1, big).halo_w == 128
-    assert tc.default_config(64, 64, 1, 1, big).tile_w == 16  # its fallback where it cannot run
-    assert not tc.default_config(64, 64, 1, 1, big, tma=False).halo_w  # eager calls: the cheaper-to-launch kernel
-    assert not tc.default_config(64, 64, 1, 2, big // 4).halo_w  # upsample fold
-    assert not tc.default_config(64, 64, 2, 1, big // 4).halo_w
-    assert not tc.default_config(32, 64, 1, 1, big).halo_w
-    assert not tc.default_config(64, 32, 1, 1, big).halo_w
-    assert not tc.default_config(64, 64, 1, 1, 2 * 32 * 32).halo_w  # small problems: 64-pixel tiles (below)
-
-
-def test_default_config_takes_the_latency_kernel_for_small_64_to_64():
-    small = tc.default_config(64, 64, 1, 1, 128 * 128)
-    assert small.small_tile and small.block_m == 64
-    assert not tc.default_config(64, 64, 1, 1, 128 * 128, tma=False).small_tile  # eager: the pointer kernel
-    assert not tc.default_config(64, 64, 1, 1, 256 * 256).small_tile  # enough tiles: the row-streaming kernel
-    assert tc.default_config(64, 3, 1, 1, 32 * 32).small_tile  # narrow outputs: conv_narrow
-    last = tc.default_config(64, 3, 1, 1, 256 * 256)  # the decoder's last conv at 256^2 B=1: conv_narrow, else halo
-    assert last.small_tile and last.halo_w
-    assert tc.default_config(64, 64, 1, 2, 32 * 32).small_tile  # upsample fold: conv_up
-    up = tc.default_config(64, 64, 1, 2, 128 * 128)  # 256^2 B=1: conv_up, TMA tiles where it cannot run
-    assert up.small_tile and up.tile_w
-    assert not tc.default_config(64, 64, 1, 2, 32 * 32, tma=False).small_tile
-    assert not tc.default_config(4, 64, 1, 1, 32 * 32).small_tile
+    assert tc.default_config(64, 64, 1, 1, 2 * 32 * 32).block_m == 64  # too few tiles for 128: fill the SMs
+    assert tc.default_config(3, 64, 1, 1, 64 * 256 * 256).num_stages == 2  # flat mode: one K step to pipeline
+    assert tc.default_config(64, 160, 1, 1, 64 * 256 * 256).num_warps == 8  # 128-wide N tiles
 
 
 def test_upsample_latency_kernel_rows_fill_one_wave():
@@ -240,23 +219,6 @@ def test_narrow_kernel_maths_is_the_conv(c_out):
     assert torch.allclose(y, ref, rtol=0, atol=1e-10), (y - ref).abs().max()
 
 
-def test_narrow_latency_kernel_says_where_it_does_not_apply():
-    from taesd_fast.kernels import conv_narrow
-
-    x = torch.empty(1, 64, 8, 32, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-
-    def reason(x=x, c_out=3, stride=1, upsample=1, pre_clamp=False, residual=False):
-        return conv_narrow.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
-
-    if conv_narrow._GLUON_ERROR is not None:
-        assert reason() == conv_narrow._GLUON_ERROR
-        return
-    assert "64->8" in reason(c_out=8) and "32->3" in reason(x=x[:, :32])
-    assert all("residual" in reason(**kw) for kw in ({"stride": 2}, {"upsample": 2}, {"residual": True}))
-    assert "W=300" in reason(x=torch.empty(1, 64, 2, 300, dtype=torch.float16))
-    assert "sm_90" in reason()  # everything else fits: this machine has no GPU
-
-
 def test_latency_kernel_tiles_fill_one_wave():
     """Half the channels per program while the programs fill at most half the SMs, two rows where one-row tiles
     would need a second wave."""
@@ -265,39 +227,10 @@ def test_latency_kernel_tiles_fill_one_wave():
     assert conv_tile.tile_shape(1, 128, 128, 132) == (2, 64)  # 256 one-row tiles: 128 two-row ones
 
 
-def test_latency_kernel_says_where_it_does_not_apply():
-    x = torch.empty(1, 64, 8, 32, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    reason = lambda x=x, c_out=64, stride=1, upsample=1, pre_clamp=False: conv_tile.unsupported_reason(  # noqa: E731
-        x, c_out, stride, upsample, pre_clamp)
-    assert "64->3" in reason(c_out=3)
-    assert "32->64" in reason(x=x[:, :32])
-    assert "stride 2" in reason(stride=2) and "upsample" in reason(upsample=2) and "pre_clamp" in reason(pre_clamp=True)
-    assert "W=8" in reason(x=x[..., :8])
-    assert "sm_90" in reason()  # everything else fits: this machine has no GPU
-
-
-def test_row_streaming_kernel_says_where_it_does_not_apply():
-    """conv_tc's launcher falls back to the TMA or pointer kernel for these; each reason names the limit."""
-    x = torch.empty(2, 64, 8, 128, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-
-    def reason(x=x, c_out=64, stride=1, upsample=1, pre_clamp=False, residual=False):
-        return conv_halo.unsupported_reason(x, c_out, stride, upsample, pre_clamp, residual)
-
-    if conv_halo._GLUON_ERROR is not None:  # an older Triton: the kernel is never taken, and says so
-        assert "Gluon" in reason()
-        return
-    assert "32->64" in reason(x=x[:, :32].contiguous(memory_format=torch.channels_last))
-    assert "64->32" in reason(c_out=32)
-    assert "with a residual" in reason(c_out=3, residual=True)
-    assert "stride 2" in reason(stride=2) and "stride 2" in reason(upsample=2) and "pre_clamp" in reason(pre_clamp=True)
-    assert "W=32" in reason(x=x[..., :32])
-    assert "sm_90" in reason() and "sm_90" in reason(c_out=3)  # everything else fits: this machine has no GPU
-
-
 @pytest.mark.parametrize("B,H,strips", [(64, 256, 2), (64, 128, 1), (1, 1024, 8), (1, 512, 4), (16, 128, 1),
                                         (1, 1, 1), (3, 37, 1)])
 def test_row_streaming_programs_fill_the_gpu(B, H, strips):
-    rows = conv_halo._rows_per_program(B, H, strips, 132)
+    rows = conv_schedule.rows_per_program(B, H, strips, 132)
     programs = B * strips * -(-H // rows)
     assert 1 <= rows <= H
     assert programs <= 132 or rows <= 8  # one wave, unless chunks would get so short that halo rows dominate
@@ -305,57 +238,89 @@ def test_row_streaming_programs_fill_the_gpu(B, H, strips):
         assert rows == H  # the GPU is full with whole columns: no chunk re-reads halo rows
 
 
-def test_row_kernel_takes_only_short_runs_in_one_wave():
-    """conv_halo hands a 64->64 call to the CUDA row kernel only for runs of up to conv_row.MAX_ROWS rows in one
-    wave of programs (where it measured faster); elsewhere the reason names the run and grid."""
-    x = torch.empty(1, 64, 256, 256, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    assert "16 rows per program" in conv_row.reason(x, 16, 128, 132)  # 512^2 B=1
-    assert "264 programs" in conv_row.reason(x, 4, 264, 132)  # two waves
-    assert conv_row.reason(x, 4, 128, 132) is not None  # 256^2 B=1 fits the rule; no GPU here: NVRTC's reason
-
-
-def test_row_kernel_failure_falls_back_with_one_warning(monkeypatch):
-    """A compile or launch failure is remembered: a warning naming it, then every call's reason is that failure."""
-    monkeypatch.setattr(conv_row, "_failure", [])
-    x = torch.empty(1, 64, 256, 256, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    with pytest.warns(RuntimeWarning, match="NVRTC could not compile"):
-        conv_row.give_up(RuntimeError("NVRTC could not compile conv_row_sm90.cu for sm_90a"))
-    assert "NVRTC could not compile" in conv_row.reason(x, 4, 128, 132)
-
-
 def test_tma_variant_says_where_it_does_not_apply():
-    """The launcher falls back to the pointer kernel for these; each reason names the limit."""
+    """The TMA kernel's own limits (beyond the conv contract); each reason names the limit."""
     cpu = torch.device("cpu")
     assert conv_tc_tma.unsupported_reason(64, 1, False, 64, 16, 128, cpu) is None
     assert "stride 2" in conv_tc_tma.unsupported_reason(64, 2, False, 64, 16, 128, cpu)
     assert "pre_clamp" in conv_tc_tma.unsupported_reason(64, 1, True, 64, 16, 128, cpu)
     assert "multiple of block_k" in conv_tc_tma.unsupported_reason(48, 1, False, 64, 16, 128, cpu)
     assert "tile_w" in conv_tc_tma.unsupported_reason(64, 1, False, 64, 12, 128, cpu)
-    x = torch.empty(2 * 64 * 8 * 8 + 1, dtype=torch.float16)[1:].view(2, 8, 8, 64).permute(0, 3, 1, 2)
-    plan = tc._plan(64, 64, 1)
-    assert "16-byte" in tc._tma_reason(x, 64, 1, False, plan, tc.TCConfig(128, 4, 3, tile_w=16))
+    x, w, b, r = _make(1, 48, 64, 5, 6, residual=False)
+    with pytest.raises(ValueError, match="multiple of block_k"):  # the launch refuses what the rule refuses
+        conv_tc_tma.conv3x3_tma_launch(x, w, b, None, 1, True)
 
 
-def test_dispatch_helpers():
-    """Spec-level helpers for a dispatch.Candidate (the lead wires them into dispatch.CANDIDATES)."""
+def test_tma_operands_are_copied_to_an_aligned_base():
+    """TMA needs a 16-byte aligned base: a channels_last view starting 2 bytes into its buffer is copied (same
+    values), an aligned one is used as it is."""
+    buf = torch.randn(2 * 8 * 8 * 64 + 1).half()
+    x = buf[1:].view(2, 8, 8, 64).permute(0, 3, 1, 2)
+    assert x.is_contiguous(memory_format=CL) and x.data_ptr() % 16
+    call = conv_launch.prepare("t", x, torch.randn(64, 64, 3, 3).half(), None, None, 1, tma=True)
+    assert call.x.data_ptr() % 16 == 0 and call.x.is_contiguous(memory_format=CL) and torch.equal(call.x, x)
+    aligned = x.clone(memory_format=CL)
+    assert conv_launch.prepare("t", aligned, torch.randn(64, 64, 3, 3).half(), None, None, 1, tma=True).x is aligned
+
+
+def test_row_helpers_on_cpu():
+    """The row's spec functions: a CPU spec is refused before anything compiles, and nothing ran yet; run on CPU is
+    the op's twin (the kernel itself runs under the interpreter below)."""
     from taesd_fast.dispatch import Spec
 
     spec = Spec("conv2d", "cpu", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True, "channels_last")
     assert tc.spec_unsupported_reason(spec) == "CPU tensor"
-    assert not tc.spec_ready(spec)
+    assert conv_tc_tma.spec_unsupported_reason(spec) == "CPU tensor"
+    assert not tc.spec_ready(spec) and not conv_tc_tma.spec_ready(spec)
     x, w, b, r = _make(1, 16, 8, 5, 6, seed=2)
-    torch.testing.assert_close(tc.run_conv2d(x, w, b, 1, r, True), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
+    torch.testing.assert_close(tc.run(x, w, b, 1, r, True), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
 
 
 def test_opcheck_cpu():
     x, w, b, r = _make(2, 16, 8, 5, 6, seed=1)
     torch.library.opcheck(torch.ops.taesd_fast.conv3x3_tc.default, (x, w, b, r, 1, True, 1, False))
     torch.library.opcheck(torch.ops.taesd_fast.conv3x3_tc.default, (x, w, None, None, 1, False, 2, True))
+    torch.library.opcheck(torch.ops.taesd_fast.conv3x3_tc.default, (x, w, b, r, 1, True, 1, False, "gluon_conv_tile"))
+
+
+def test_rows_trace_through_the_op_under_torch_compile():
+    """While torch.compile traces, a row's run is the conv3x3_tc op naming that row (a graph node, not a launch);
+    on CPU the compiled graph then runs the op's twin. fullgraph: no break around the kernels."""
+    from taesd_fast.kernels import conv_halo
+
+    x, w, b, r = _make(1, 64, 64, 5, 6, seed=4)
+    seen = []
+    real = torch.ops.taesd_fast.conv3x3_tc.default
+
+    def backend(gm, example_inputs):
+        seen.extend(n.args[-1] for n in gm.graph.nodes if n.target in (real, torch.ops.taesd_fast.conv3x3_tc))
+        return gm
+
+    for row in (tc, conv_tc_tma, conv_halo):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x, r, row=row: row.run(x, w, b, 1, r, True), backend=backend, fullgraph=True)
+        torch.testing.assert_close(fn(x, r), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
+    assert seen == ["triton_conv", "triton_conv_tma", "gluon_conv_rows"]
+
+
+def test_op_names_only_conv_rows():
+    """The op's variant names a conv2d kernel row; anything else is a clear error, not another kernel."""
+    from taesd_fast.kernels import conv_op
+
+    assert conv_op.launcher("triton_conv") is tc.launch_conv  # each module registers its launch as it loads
+    assert conv_op.launcher("triton_conv_tma") is conv_tc_tma.launch_conv
+    assert conv_op.launcher("gluon_conv_tile") is conv_tile.launch_conv
+    for bad in ("tc", "simt_f16_tile", "split_bf16"):
+        with pytest.raises(ValueError, match="is not a loaded tensor-core conv row"):
+            conv_op.launcher(bad)
 
 
 # --------------------------------------------------------------------------- the kernel, under the interpreter
 
-# (B, C_in, C_out, H, W, stride, upsample, bias, residual, relu, pre_clamp, config or None, layout)
+# (B, C_in, C_out, H, W, stride, upsample, bias, residual, relu, pre_clamp, config or None, layout). Names starting
+# with "tma" run the TMA kernel (conv_tc_tma; config = TMAConfig fields), the others the pointer kernel (conv_tc;
+# config = TCConfig fields). Without a config the case goes through the row's run (on CPU: the conv3x3_tc op naming
+# the row's variant).
 CASES = {
     "64to64_s1_full": (1, 64, 64, 7, 9, 1, 1, True, True, True, False, None, "cl"),
     "3to64_flat": (2, 3, 64, 7, 9, 1, 1, True, False, True, False, None, "cl"),
@@ -374,53 +339,56 @@ CASES = {
     "128to160_ntiles": (1, 128, 160, 5, 5, 2, 1, True, True, True, False, None, "cl"),
     "64to64_up2_bm16": (1, 64, 64, 3, 7, 1, 2, True, True, True, True, (16, 4, 2, 16), "cl"),
     "64to64_l1_cached_loads": (1, 64, 64, 6, 5, 1, 1, True, True, True, False, (16, 4, 2, 0, True), "cl"),
-    # TMA kernel (2-D tiles; boxes past the image edges are zero-filled): tiles straddle every edge here
-    "tma_64to64_res": (2, 64, 64, 7, 9, 1, 1, True, True, True, False, (32, 4, 2, 0, False, 8), "cl"),
-    "tma_32to64_up2": (2, 32, 64, 5, 11, 1, 2, False, False, False, False, (16, 4, 2, 0, False, 8), "cl"),
-    "tma_128to160_ntiles": (1, 128, 160, 5, 6, 1, 1, True, True, True, False, (32, 4, 2, 0, False, 16), "cl"),
-    "tma_64to3": (1, 64, 3, 6, 5, 1, 1, True, False, False, False, (64, 4, 2, 0, False, 16), "cl"),
-    "tma_persistent_up2": (2, 64, 64, 9, 7, 1, 2, True, True, True, False, (16, 4, 2, 0, False, 8, 1), "cl"),
     "nchw_input": (2, 16, 16, 5, 6, 1, 1, True, True, True, False, None, "nchw"),
+    # TMA kernel (2-D tiles; boxes past the image edges are zero-filled): tiles straddle every edge here
+    "tma_row_default": (1, 64, 64, 7, 9, 1, 1, True, True, True, False, None, "cl"),
+    "tma_row_up2": (1, 32, 64, 4, 6, 1, 2, True, False, True, False, None, "cl"),
+    "tma_64to64_res": (2, 64, 64, 7, 9, 1, 1, True, True, True, False, (32, 4, 2, 8), "cl"),
+    "tma_32to64_up2": (2, 32, 64, 5, 11, 1, 2, False, False, False, False, (16, 4, 2, 8), "cl"),
+    "tma_128to160_ntiles": (1, 128, 160, 5, 6, 1, 1, True, True, True, False, (32, 4, 2, 16), "cl"),
+    "tma_64to3": (1, 64, 3, 6, 5, 1, 1, True, False, False, False, (64, 4, 2, 16), "cl"),
+    "tma_persistent_up2": (2, 64, 64, 9, 7, 1, 2, True, True, True, False, (16, 4, 2, 8, 1), "cl"),
+    "tma_nchw_input": (1, 16, 32, 5, 6, 1, 1, True, True, False, False, None, "nchw"),
 }
 
 
 def _run_case(name: str) -> dict:
-    """Child side: run one case through the op (or the launcher for explicit configs), compare, report."""
+    """Child side: run one case through its row (or the launcher for explicit configs), compare, report."""
     B, cin, cout, H, W, stride, up, bias, res, relu, pre_clamp, cfg, layout = CASES[name]
     x, w, b, r = _make(B, cin, cout, H, W, stride, up, bias, res, seed=len(name) * 7919 + cin)
     if layout == "nchw":
         x, r = x.contiguous(), None if r is None else r.contiguous()
     args = (x, w, b, r, stride, relu, up, pre_clamp)
-    tma_calls = []
-    real_launch = conv_tc_tma.launch
-    conv_tc_tma.launch = lambda *a: tma_calls.append(1) or real_launch(*a)
-    try:
-        if cfg is None:
-            y = torch.ops.taesd_fast.conv3x3_tc(*args)
-        else:
-            y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(*cfg))
-    finally:
-        conv_tc_tma.launch = real_launch
+    tma = name.startswith("tma")
+    before = set(conv_launch._launched)
+    if cfg is None:
+        y = (conv_tc_tma if tma else tc).run(x, w, b, stride, r, relu, up, pre_clamp)
+    elif tma:
+        y = conv_tc_tma.conv3x3_tma_launch(*args, config=conv_tc_tma.TMAConfig(*cfg))
+    else:
+        y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(*cfg))
+    ran = sorted({k[0] for k in set(conv_launch._launched) - before})
     ref = _reference64(*args)
     out = {"name": name, "nan": bool(y.isnan().any()), "cl": y.is_contiguous(memory_format=CL),
            "shape_ok": tuple(y.shape) == tuple(ref.shape), "err": _rel(y, ref),
-           "torch_err": _rel(_torch_f16(*args), ref), "tma": len(tma_calls)}
+           "torch_err": _rel(_torch_f16(*args), ref), "ran": ran}
     if layout == "nchw":  # converted on the way in: the same bits as the channels_last input
         cl_args = (x.contiguous(memory_format=CL), w, b, None if r is None else r.contiguous(memory_format=CL),
                    *args[4:])
-        out["same_as_cl"] = bool(torch.equal(torch.ops.taesd_fast.conv3x3_tc(*cl_args), y))
+        row = conv_tc_tma if tma else tc
+        out["same_as_cl"] = bool(torch.equal(row.run(cl_args[0], w, b, stride, cl_args[3], relu, up, pre_clamp), y))
     return out
 
 
 def _child_main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    tc.POISON_OUTPUT = True
+    conv_contract.POISON_OUTPUT = True
     for name in CASES:
         try:
             print(json.dumps(_run_case(name)), flush=True)
         except Exception as e:  # report, so the parent names the failing case
             print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
-    print(json.dumps({"name": "__launched__", "count": len(tc._launched)}), flush=True)
+    print(json.dumps({"name": "__launched__", "count": len(conv_launch._launched)}), flush=True)
 
 
 @pytest.fixture(scope="module")
@@ -452,7 +420,8 @@ def test_kernel_interpreted(interpreted, name):
     assert d["err"] <= 2 * d["torch_err"] + 1e-7, f"rel err {d['err']:.3g} > 2 x PyTorch f16 error {d['torch_err']:.3g}"
     if "same_as_cl" in d:
         assert d["same_as_cl"]
-    assert d["tma"] == (1 if name.startswith("tma") else 0), "the TMA kernel runs exactly for tile_w configs"
+    want = "triton_conv_tma" if name.startswith("tma") else "triton_conv"
+    assert d["ran"] == [want], f"expected exactly the {want} kernel to launch, recorded {d['ran']}"
 
 
 def test_interpreter_really_ran_the_kernel(interpreted):

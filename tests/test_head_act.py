@@ -51,7 +51,7 @@ def test_refuses_what_it_cannot_run():
     assert head_act.unsupported_reason((1, 256, 4, 8, 8), torch.bfloat16, "cpu") is not None
     reason = head_act.unsupported_reason((1, 96, 4, 8, 8), torch.bfloat16, "cuda")
     assert reason is not None
-    if head_act._TRITON_REASON is None:
+    if head_act.TRITON_ERROR is None:
         assert "power of two" in reason
 
 
@@ -119,6 +119,6 @@ def test_long_videos_stay_off_the_int32_kernels():
     chunk = torch.empty(1, 256, 4, 352, 640, device="meta", dtype=torch.bfloat16)
     assert not head_fused.per_sample_offsets_fit(big) and head_fused.per_sample_offsets_fit(chunk)
     assert not head_fused.per_sample_offsets_fit(big[:, :, :4])  # a chunk view still strides over the whole video
-    if head_act._TRITON_REASON is None:
+    if head_act.TRITON_ERROR is None:
         assert "int32" in head_act.unsupported_reason(tuple(big.shape), torch.bfloat16, "cuda")
         assert head_act.unsupported_reason(tuple(chunk.shape), torch.bfloat16, "cuda") is None

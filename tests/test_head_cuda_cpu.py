@@ -23,13 +23,13 @@ def test_rings_and_weights_fit_in_shared_memory():
 
 def test_shape_reason(monkeypatch):
     assert "needs an sm_90 GPU" in hc.shape_reason(256, 352, 640, "cpu")
-    monkeypatch.setattr(hc, "_arch", lambda device: (9, 0))  # as on an H100/H200
+    monkeypatch.setattr(hc, "capability", lambda device: (9, 0))  # as on an H100/H200
     assert hc.shape_reason(256, 352, 640, "cuda:0") is None
     assert "multiple of 64 up to 256" in hc.shape_reason(96, 8, 8, "cuda:0")
     assert "multiple of 64 up to 256" in hc.shape_reason(320, 8, 8, "cuda:0")
     assert "H*W=63 is not a multiple of 8" in hc.shape_reason(256, 9, 7, "cuda:0")
     assert ">= 2**31 elements" in hc.shape_reason(256, 2048, 2048, "cuda:0")
-    monkeypatch.setattr(hc, "_arch", lambda device: (9, 1))  # an sm_90a cubin runs on 9.0 only
+    monkeypatch.setattr(hc, "capability", lambda device: (9, 1))  # an sm_90a cubin runs on 9.0 only
     assert "needs an sm_90 GPU" in hc.shape_reason(256, 352, 640, "cuda:0")
 
 
@@ -39,7 +39,7 @@ def test_reason_checks_tma_strides_and_failures(monkeypatch):
     monkeypatch.setattr(hc, "_failure", [])
     x = torch.randn(2, 64, 6, 4, 8).bfloat16()
     assert hc.reason(x, None) is None
-    # head_wgmma.tma_alignment_reason's cases are in tests/test_head_wgmma_cpu.py; here, that reason consults it.
+    # tma_pdl.frames_tma_reason's cases are in tests/test_head_wgmma_cpu.py; here, that reason consults it.
     shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
     assert "cache is not 16-byte aligned" in hc.reason(x, shifted[:, :, :2])
     with pytest.warns(RuntimeWarning, match="CUDA head kernel is unavailable .*NVRTC could not compile"):
@@ -48,15 +48,37 @@ def test_reason_checks_tma_strides_and_failures(monkeypatch):
 
 
 def test_auto_prefers_cuda_then_gluon_then_triton(monkeypatch):
+    """The op's "auto" variant (the bench's and direct callers' default; the dispatcher names a row instead)."""
     from taesd_fast.kernels import head_wgmma
 
     x = torch.randn(1, 64, 2, 4, 8).bfloat16()
-    monkeypatch.setattr(hc, "reason", lambda f, c: None)
+    monkeypatch.setattr(hc, "unsupported_reason", lambda f, c: None)
     monkeypatch.setattr(head_wgmma, "unsupported_reason", lambda f, c: None)
     assert hf._variant("auto", x, None) == hf.CUDA_SM90
-    monkeypatch.setattr(hc, "reason", lambda f, c: "NVRTC could not compile")
+    monkeypatch.setattr(hc, "unsupported_reason", lambda f, c: "NVRTC could not compile")
     assert hf._variant("auto", x, None) == hf.HOPPER
-    with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: NVRTC could not compile"):
-        hf._variant(hf.CUDA_SM90, x, None)
     monkeypatch.setattr(head_wgmma, "unsupported_reason", lambda f, c: "needs an sm_90 GPU")
     assert hf._variant("auto", x, None) == "roll"
+    assert hf._variant(hf.CUDA_SM90, x, None) == hf.CUDA_SM90  # a named variant is taken as named
+
+
+def test_named_cuda_variant_says_why_it_cannot_run(monkeypatch):
+    """A named g kernel runs or raises naming why: its shape rule, or an earlier compile failure."""
+    x = torch.randn(1, 64, 2, 4, 8).bfloat16()
+    with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: needs an sm_90 GPU"):
+        hf._hopper_operands(hf.CUDA_SM90, x, None)
+    monkeypatch.setattr(hc, "shape_reason", lambda *a: None)
+    monkeypatch.setattr(hc, "_failure", ["RuntimeError: NVRTC could not compile"])
+    with pytest.raises(ValueError, match="cannot run this call: RuntimeError: NVRTC could not compile"):
+        hf._hopper_operands(hf.CUDA_SM90, x, None)
+
+
+def test_misaligned_frames_are_copied_not_refused(monkeypatch):
+    """TMA needs 16-byte aligned frames: a named Hopper variant copies features and cache that are not, instead of
+    taking another kernel; aligned ones are passed through untouched."""
+    monkeypatch.setattr(hc, "shape_reason", lambda *a: None)
+    monkeypatch.setattr(hc, "_failure", [])
+    x = torch.randn(2, 64, 6, 4, 8).bfloat16()
+    shifted = torch.randn(2 * 64 * 2 * 32 + 1).bfloat16()[1:].view(2, 64, 2, 4, 8)  # base 2 bytes off
+    f, c = hf._hopper_operands(hf.CUDA_SM90, x, shifted)
+    assert f is x and c.data_ptr() % 16 == 0 and torch.equal(c, shifted)

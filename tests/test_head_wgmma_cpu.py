@@ -6,6 +6,7 @@ import torch
 
 from taesd_fast.kernels import head_fused as hf
 from taesd_fast.kernels import head_wgmma as hw
+from taesd_fast.kernels.tma_pdl import frames_tma_reason
 
 pytestmark = pytest.mark.skipif(hw._GLUON_ERROR is not None, reason=f"no Gluon: {hw._GLUON_ERROR}")
 
@@ -25,27 +26,27 @@ def test_shape_reason_on_cpu():
 
 
 def test_shape_reason_names_the_limit(monkeypatch):
-    monkeypatch.setattr(hw, "_capability", lambda device: 9)  # as on an H100/H200
+    monkeypatch.setattr(hw, "is_sm90", lambda device: True)  # as on an H100/H200
     assert hw.shape_reason(256, 4, 352, 640, "cuda:0") is None
     assert "multiple of 64 up to 256" in hw.shape_reason(96, 4, 8, 8, "cuda:0")
     assert "multiple of 64 up to 256" in hw.shape_reason(512, 4, 8, 8, "cuda:0")
     assert "T=17 > 16" in hw.shape_reason(256, 17, 8, 8, "cuda:0")
     assert "H*W=63 is not a multiple of 8" in hw.shape_reason(256, 4, 9, 7, "cuda:0")
-    monkeypatch.setattr(hw, "_capability", lambda device: 8)
+    monkeypatch.setattr(hw, "is_sm90", lambda device: False)
     assert "needs an sm_90 GPU" in hw.shape_reason(256, 4, 352, 640, "cuda:0")
 
 
 def test_tma_alignment_reason():
     # Both Hopper head kernels (this one and head_cuda's) load the frames as TMA boxes through this check.
     x = torch.randn(2, 64, 6, 4, 8).bfloat16()
-    assert hw.tma_alignment_reason(x, None) is None
-    assert hw.tma_alignment_reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
+    assert frames_tma_reason(x, None) is None
+    assert frames_tma_reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
     # a channel stride of 193 elements (386 bytes) cannot be a TMA stride
     uneven = torch.randn(2 * 65 * 193).bfloat16().as_strided((2, 64, 6, 4, 8), (65 * 193, 193, 32, 8, 1))
-    assert "features is not 16-byte aligned in every stride" in hw.tma_alignment_reason(uneven, None)
+    assert "features is not 16-byte aligned in every stride" in frames_tma_reason(uneven, None)
     shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
-    assert "features is not 16-byte aligned" in hw.tma_alignment_reason(shifted, None)
-    assert "cache is not 16-byte aligned" in hw.tma_alignment_reason(x, shifted[:, :, :2])
+    assert "features is not 16-byte aligned" in frames_tma_reason(shifted, None)
+    assert "cache is not 16-byte aligned" in frames_tma_reason(x, shifted[:, :, :2])
 
 
 def test_unsupported_reason_checks_tma_strides(monkeypatch):
@@ -81,7 +82,7 @@ def test_auto_variant_falls_back_and_forced_variant_says_why():
     assert hf._variant("auto", features, None) == "roll"  # CPU: not sm_90
     assert hf._variant("per_t", features, None) == "per_t"
     with pytest.raises(ValueError, match="variant 'wgmma' cannot run this call: needs an sm_90 GPU"):
-        hf._variant("wgmma", features, None)
+        hf._hopper_operands("wgmma", features, None)
 
 
 def test_set_default_config_accepts_the_hopper_variant():

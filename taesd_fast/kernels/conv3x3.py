@@ -1,6 +1,12 @@
-"""taesd_fast::conv3x3_f16: direct 3x3 conv (pad 1, stride 1|2) on f16 NCHW, f32 accumulation,
-fused bias + residual + ReLU. Kernels in csrc/conv3x3_f16.cu; `conv3x3_f16_ref` is the PyTorch twin
-(same signature, same maths) that runs on CPU and that tests compare against.
+"""taesd_fast::conv3x3_f16: the direct (SIMT, no tensor cores) 3x3 convs (pad 1, stride 1|2) on f16 NCHW, f32
+accumulation, fused bias + residual + ReLU: rows "simt_f16_tile", "simt_f16_ocb4" and "simt_f16_rb". Kernels in
+csrc/conv3x3_f16.cu (NVRTC, one compile per variant, channel counts and stride); `conv3x3_f16_ref` is the PyTorch
+twin (same signature, same maths) that runs on CPU and that tests compare against.
+
+The variants: "tile" (one output pixel per thread on 16x16 tiles), "ocb4" (4 output channels per thread, output
+channel groups over blockIdx.z), "rb" (register-blocked: 4 or 8 output channels per thread, stride 1 only). They
+read NCHW natively (channels_last inputs are copied to NCHW first), so the dispatcher offers them where the input
+is NCHW: an NCHW model on CUDA, or backend="kernels".
 
     y = conv2d(x, w, b, stride, padding=1) (+ residual); relu(y) if relu
     x: [B, C_in, H, W] f16   w: [C_out, C_in, 3, 3] f16   b: [C_out] f16 | None
@@ -13,7 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["VARIANTS", "MAX_CHANNELS", "conv3x3_f16", "kernel_defines", "conv3x3_f16_ref", "check_conv3x3_f16", "unsupported_reason"]
+from .conv_contract import check_f16_operands, f16_3x3_reason
+
+__all__ = ["VARIANTS", "MAX_CHANNELS", "conv3x3_f16", "kernel_defines", "conv3x3_f16_ref",
+           "check_conv3x3_f16", "unsupported_reason", "spec_unsupported_reason", "spec_ready", "run"]
 
 VARIANTS = ("tile", "ocb4", "rb")
 MAX_CHANNELS = 64
@@ -45,23 +54,6 @@ def _launch_shape(variant: str, B: int, c_out: int, Ho: int, Wo: int):
     return (_cdiv(Wo, 16), _cdiv(Ho, 16), min(B * groups, _GRID_Z_MAX)), (8, 8, ogb)
 
 
-def f16_3x3_reason(x_shape, w_shape, dtype, stride: int, max_channels: int) -> str | None:
-    """The checks every f16 3x3 conv kernel of ours shares (these SIMT ones and conv_tc): dtype, a 3x3 weight,
-    1..max_channels channels each way, x matching the weight, stride 1 or 2. Shapes only: no tensors."""
-    if dtype != torch.float16:
-        return f"dtype {dtype} (expected torch.float16)"
-    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3):
-        return f"weight shape {tuple(w_shape)} is not a 3x3 conv [C_out, C_in, 3, 3]"
-    c_out, c_in = w_shape[0], w_shape[1]
-    if not (1 <= c_in <= max_channels and 1 <= c_out <= max_channels):
-        return f"C_in={c_in}, C_out={c_out} (expected 1..{max_channels} each)"
-    if len(x_shape) != 4 or x_shape[1] != c_in:
-        return f"input shape {tuple(x_shape)} does not match weight C_in={c_in} (expected [B, {c_in}, H, W]; no groups)"
-    if stride not in (1, 2):
-        return f"stride {stride} (expected 1 or 2)"
-    return None
-
-
 def unsupported_reason(x_shape, w_shape, dtype, stride: int, variant: str) -> str | None:
     """Why (x, w, stride, variant) is outside what the kernels handle, or None. Shapes only: no tensors."""
     if variant not in VARIANTS:
@@ -72,18 +64,6 @@ def unsupported_reason(x_shape, w_shape, dtype, stride: int, variant: str) -> st
     if variant == "rb" and stride != 1:
         return "the register-blocked variant is stride 1 only"
     return None
-
-
-def check_f16_operands(op: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
-                       dtype_error: type[Exception] = TypeError) -> None:
-    """The checks every f16 3x3 conv op shares: f16 operands on x's device, x 4-D. Raises naming op and operand."""
-    for name, t in (("x", x), ("w", w), ("b", b), ("residual", residual)):
-        if t is not None and t.dtype != torch.float16:
-            raise dtype_error(f"{op}: {name} must be torch.float16, got {t.dtype}")
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
-    if x.dim() != 4:
-        raise ValueError(f"{op}: x must be 4-D [B, C_in, H, W], got shape {tuple(x.shape)}")
 
 
 def check_conv3x3_f16(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, variant: str):
@@ -147,3 +127,32 @@ def _(x, w, b, residual, stride, relu, variant):
         raise ValueError(f"conv3x3_f16: x and w must be 4-D, got {tuple(x.shape)} and {tuple(w.shape)}")
     B, _, H, W = x.shape
     return x.new_empty((B, w.shape[0], (H - 1) // stride + 1, (W - 1) // stride + 1))
+
+
+# --------------------------------------------------------------------------- the rows (one per variant)
+
+
+def spec_unsupported_reason(spec, variant: str) -> str | None:
+    """Row "simt_f16_<variant>"'s support rule: a CUDA tensor, no upsample or clamp fold, unsupported_reason."""
+    if not spec.device.startswith("cuda"):
+        return "CPU tensor"
+    if getattr(spec, "upsample", 1) != 1 or getattr(spec, "pre_clamp", False):
+        return "no upsample or clamp fold in the SIMT kernels"
+    return unsupported_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, variant)
+
+
+def spec_ready(spec, variant: str) -> bool:
+    """True once this variant's module for the spec's channels and stride is loaded (no NVRTC compile mid-capture)."""
+    from .._backend import is_loaded
+
+    return is_loaded(_SOURCE, f"conv3x3_{variant}", kernel_defines(spec.w_shape[1], spec.w_shape[0], spec.stride,
+                                                                 variant), spec.device)
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False, variant: str = "tile") -> Tensor:
+    """The dispatcher's conv2d signature for one variant (upsample and pre_clamp must be off: the rows refuse them)."""
+    if upsample != 1 or pre_clamp:
+        raise ValueError(f"conv3x3_f16: upsample={upsample}, pre_clamp={pre_clamp} (the SIMT kernels fold neither; "
+                         "expected 1 and False)")
+    return conv3x3_f16(x, w, b, residual, stride, relu, variant)

@@ -1,9 +1,8 @@
-"""The tensor-core conv's row-streaming variant for 64->64 and 64->3 stride-1 3x3 convs on Hopper (Gluon: explicit
+"""The row-streaming conv (row "gluon_conv_rows"): 64->64 and 64->3 stride-1 3x3 convs on Hopper (Gluon: explicit
 shared memory, TMA and asynchronous wgmma).
 
 Why: the Triton kernels (conv_tc, conv_tc_tma) load each tap's input box and a [64, 64] weight slice for every
-output tile: 9 input boxes plus 72 KB of weights per 128 output pixels, ~4.8 GB of L2 -> SM traffic per 256^2 B=64
-conv, and run at 52-54% of the GEMM ceiling (BENCHMARKS.md, "Issue 5 continued").
+output tile: 9 input boxes plus 72 KB of weights per 128 output pixels, so they are bound by L2 -> SM traffic.
 
 How: one program owns a strip of BLOCK_W output columns (64 per warpgroup) and a run of ROWS output rows of one
 image. The 9 weight taps stay in shared memory for the whole run (loaded once). The program walks down the input
@@ -12,36 +11,32 @@ zero-fills outside the image: the conv's padding), is loaded once into registers
 feeds three output rows at once: row j+1 (tap dy=0), row j (dy=1) and row j-1 (dy=2), each with its own fp32
 accumulator. Row j-1 is then complete: bias, residual and ReLU are applied in registers and the row leaves through a
 TMA store. Input traffic is ~3 boxes per output row (plus 2 halo rows per run) instead of 9 per tile, weights once
-per program, and every A fragment is read from shared memory once for three MMAs.
+per program, and every A fragment is read from shared memory once for three MMAs. A run's first two and last steps
+skip the MMAs whose rows lie outside the run (the halo rows above it, the rows past its end).
 
-Predicted (written before it ran; H200): MMA-bound at N=64, 70-80% of the 689 TFLOP/s ceiling: 64->64 256^2 B=64
-0.55-0.65 ms (from 0.83-0.87 with conv_tc_tma). Measured (BENCHMARKS.md, runs K and L): 0.60 ms with the residual,
-0.52 without (516-590 TFLOP/s); 64->3 0.20 ms (from 0.57); the whole decode 256^2 B=64 6.23 -> 4.48 ms.
-
-A run's first two and last steps skip the MMAs whose rows lie outside the run (the halo rows above it, the rows past
-its end): a third of the MMAs at 4 rows per program (B=1 at 256^2), 16.3 -> 14.8 us per conv (run W5).
-
-At B=1 (short row runs in one wave of programs) launch hands 64->64 calls to kernels/conv_row.py, the same schedule
-in CUDA C++ with one shared-memory copy per input row, which is faster there (its docstring has the figures).
+conv_row.py is the same schedule in CUDA C++ (its own row, faster on short runs in one wave).
 
 Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
-stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. conv_tc does the checks, the weight packing
-(rows tap * 64 + c_in) and the epilogue semantics. With programmatic dependent launch (conv_tc.pdl_args) the weights
-load while the previous kernel drains; activations are touched only after griddepcontrol.wait.
+stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. The weight is conv_pack's (rows
+tap * 64 + c_in). With PDL (tma_pdl) the weights load while the previous kernel drains; activations are touched only
+after griddepcontrol.wait. x and the residual must start 16-byte aligned (TMA): views that do not are copied first.
 """
 
 from __future__ import annotations
 
-import functools
-
-import torch
 from torch import Tensor
 
-from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
-                     warpgroup_mma_wait)
-from . import conv_row
-from .conv_tc import _capability
+from . import conv_op
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
+from .conv_pack import packed_weight, plan
+from .conv_schedule import rows_per_program
+from .device import sm_count
+from .gluon_import import GLUON_ERROR as _GLUON_ERROR
+from .gluon_import import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
+                           warpgroup_mma_wait)
+from .tma_pdl import nhwc_desc, pdl_wait
+
+NAME = "gluon_conv_rows"
 
 C = 64  # channels in and out
 STAGES = 2  # input rows in flight for 64->64 (shared memory: weights 72 KB + STAGES x (3 + residual) boxes of 16 KB)
@@ -51,12 +46,9 @@ STAGES = 2  # input rows in flight for 64->64 (shared memory: weights 72 KB + ST
 NARROW_PER_SM = 2
 
 
-def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
-                       residual: bool) -> str | None:
-    """Why conv_tc's launcher cannot hand this call to the row-streaming kernel (it then takes another), or None."""
-    if _GLUON_ERROR is not None:
-        return _GLUON_ERROR
-    c_in, W = x.shape[1], x.shape[3]
+def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_clamp: bool,
+                 residual: bool) -> str | None:
+    """Why the kernel does not cover this conv (beyond the conv contract and the GPU), or None."""
     if c_in != C or not (c_out == C or (c_out <= 16 and not residual)):
         return (f"{c_in}->{c_out} channels{' with a residual' if residual else ''} (the row-streaming kernel does "
                 f"{C}->{C}, and {C}->16 or fewer without a residual)")
@@ -64,25 +56,19 @@ def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_cl
         return "stride 2, the upsample fold or pre_clamp (the row-streaming kernel does plain stride-1 convs)"
     if W < 64:
         return f"W={W} (< 64: strips of 64 columns would be mostly padding)"
-    return device_reason(x)
-
-
-def device_reason(x: Tensor) -> str | None:
-    """Why the Gluon convs cannot run on x's device and address, or None."""
-    if not x.is_cuda or _capability(x.device) != 9:
-        return "needs an sm_90 GPU (wgmma)"
-    if x.data_ptr() % 16:
-        return "x is not 16-byte aligned (TMA)"
     return None
 
 
-def one_wave_reason(x: Tensor, rows_per_program) -> str | None:
-    """device_reason, then why a latency kernel's grid would not fit one wave: rows_per_program(sms) is its search
-    for rows per program on x's GPU, None where none fits."""
-    reason = device_reason(x)
-    if reason is None and rows_per_program(_sm_count(x.device)) is None:
-        reason = f"{tuple(x.shape)} needs more than one program per SM (a latency kernel for small images)"
-    return reason
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA sm_90 with Gluon, the conv contract, then shape_reason."""
+    return sm90_spec_reason(spec, _GLUON_ERROR) or shape_reason(
+        spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride, getattr(spec, "upsample", 1),
+        getattr(spec, "pre_clamp", False), spec.residual)
+
+
+def spec_ready(spec) -> bool:
+    """True once this exact call shape was launched in this process (Gluon specialises on the sizes)."""
+    return spec_launched(NAME, spec, tuple(spec.x_shape))
 
 
 if gluon is not None:
@@ -137,7 +123,7 @@ if gluon is not None:
         mbarrier.expect(w_bar, 9 * 64 * N_PAD * 2)
         for tap in gl.static_range(9):
             tma.async_copy_global_to_shared(w_desc, [tap * 64, 0], w_bar, w_smem.index(tap))
-        if PDL:  # see conv_tc.pdl_args: the weights load while the previous kernel drains; activations wait for it
+        if PDL:  # see tma_pdl: the weights load while the previous kernel drains; activations wait for it
             pdl_wait()
         for s in gl.static_range(NUM_STAGES):
             _load_row(x_desc, r_desc, x_smem, r_smem, bars.index(s), s, img, r0 - 1 + s, col0, True,
@@ -258,53 +244,28 @@ if gluon is not None:
         return acc_next, acc_cur, acc_done
 
 
-@functools.cache  # a search over H chunk counts; launches repeat the same shapes
-def _rows_per_program(B: int, H: int, strips: int, slots: int) -> int:
-    """Rows per program: whole columns where that fills the GPU's `slots` resident programs, else enough row chunks
-    for ~one wave (each chunk re-reads 2 halo rows, so fewer, longer chunks are cheaper)."""
-    best = None
-    for chunks in range(1, H + 1):
-        rows = -(-H // chunks)
-        programs = B * strips * -(-H // rows)
-        cost = -(-programs // slots) * (rows + 2)
-        if best is None or cost < best[0]:
-            best = (cost, rows)
-    return best[1]
-
-
-def _nhwc_desc(t: Tensor, block: list, layout) -> "TensorDescriptor":
-    """A TMA descriptor over channels_last t [B, C, H, W] seen as NHWC, with dense strides spelled out (torch may
-    give size-1 dimensions any stride, which TMA's 16-byte stride rule would reject)."""
-    B, c, H, W = t.shape
-    return TensorDescriptor(t, [B, H, W, c], [H * W * c, W * c, c, 1], block, layout)
+def strip_width(W: int, c_out: int) -> int:
+    """Output columns per program: one warpgroup (64) where W <= 64 (a wider strip would be half padding) and for
+    narrow outputs (memory-bound: twice the programs hide more latency), else two (128)."""
+    return 64 if W <= 64 or c_out < C else 128
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
-           block_w: int = 128, pdl: dict | None = None) -> None:
-    """x, residual, out: channels_last f16 [B, C, H, W] (C = 64; out may have fewer channels); wp: conv_tc's packed
-    weight [1, 576, n_pad] (rows tap * 64 + c_in; n_pad = 64, or 16 for narrow outputs); pdl: conv_tc.pdl_args(x)."""
+           pdl: dict | None = None) -> None:
+    """x, residual, out: channels_last f16 [B, C, H, W], 16-byte aligned (C = 64; out may have fewer channels); wp:
+    conv_pack's weight [1, 576, n_pad] (n_pad = 64, or 16 for narrow outputs); pdl: tma_pdl.pdl_args(x)."""
     B, _, H, W = x.shape
     c_out, n_pad = out.shape[1], wp.shape[-1]
-    if W <= 64 or n_pad < C:
-        # One warpgroup: at W <= 64 a wider strip would be half padding; narrow outputs (64->3) are memory-bound,
-        # and twice the programs hide more latency (256^2 B=64: 0.202 vs 0.258 ms, BENCHMARKS.md run L).
-        block_w = 64
+    block_w = strip_width(W, c_out)
     strips = -(-W // block_w)
     per_sm = NARROW_PER_SM if n_pad < C else 1
-    rows = _rows_per_program(B, H, strips, _sm_count(x.device) * per_sm)
+    rows = rows_per_program(B, H, strips, sm_count(x.device) * per_sm)
     chunks = -(-H // rows)
-    if c_out == C and block_w == conv_row.STRIP and conv_row.reason(x, rows, B * chunks * strips,
-                                                                    _sm_count(x.device)) is None:
-        try:
-            conv_row.launch(x, wp, b, residual, out, relu, rows, bool(pdl and pdl["PDL"]))
-            return
-        except RuntimeError as e:  # NVRTC or the driver refused it (nothing was launched): the Gluon kernel instead
-            conv_row.give_up(e)
     act_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
     box = [1, 1, block_w, C]
-    x_desc = _nhwc_desc(x, box, act_layout)
-    y_desc = _nhwc_desc(out, box, act_layout) if c_out == C else x_desc  # narrow outputs use plain stores
-    r_desc = _nhwc_desc(residual, box, act_layout) if residual is not None else x_desc
+    x_desc = nhwc_desc(x, box, act_layout)
+    y_desc = nhwc_desc(out, box, act_layout) if c_out == C else x_desc  # narrow outputs use plain stores
+    r_desc = nhwc_desc(residual, box, act_layout) if residual is not None else x_desc
     w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, n_pad), [C, n_pad],
                                           gl.NVMMASharedLayout.get_default_for([C, n_pad], gl.float16))
     _halo_conv_kernel[(B * chunks * strips,)](
@@ -314,6 +275,19 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     )
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
+    refuse = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp, residual is not None)
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(x.shape[1], w.shape[0], upsample)),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.residual, c.out, relu, pdl), tuple(x.shape))
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
+    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

@@ -1,9 +1,8 @@
-"""The latency variant for narrow outputs: 64 -> C_out <= 7 stride-1 3x3 convs on small B=1 images (Gluon: TMA and
-wgmma from shared memory), i.e. the decoder's last conv (64 -> 3) at up to 256^2.
+"""The narrow-output latency conv (row "gluon_conv_narrow"): 64 -> C_out <= 7 stride-1 3x3 convs on small images
+(Gluon: TMA and wgmma from shared memory), i.e. the decoder's last conv (64 -> 3) at up to 256^2 at B=1.
 
-Why: at 256^2 B=1 that conv took 9.1 us on the row-streaming kernel (timeline, run Y1), for 0.23 GFLOP: each program
-walks 6 input rows one after another, each row as three TMA boxes shifted by dx = -1, 0, +1 columns (~2.4 us of the
-9.1 are the extra boxes, probe run Y2), and its MMAs are N = 16 wide for 3 output channels.
+Why: on the row-streaming kernel that conv walks input rows one after another, each as three TMA boxes shifted by
+dx = -1, 0, +1 columns, and its MMAs are N = 16 wide for 3 output channels.
 
 How: the column taps go into N instead of into shifted input boxes. For output row y, with A_j the input row j as a
 [W pixels, 64 channels] tile,
@@ -15,19 +14,13 @@ so each input row is one TMA box of whole image rows (W <= 256, zero filled past
 padding) and the three dy taps accumulate in the tensor core (N = 16 for 3 * 3 columns). The epilogue sums each
 needed column out of the fp32 accumulator into a [W] vector and shifts the dx = 0 and dx = 2 vectors by one pixel
 with a gather (zero outside the row: the padding). One program owns TH whole output rows of one image: TH + 2
-boxes, one barrier each, so the first row's MMAs start on the first three boxes.
+boxes, one barrier each, so the first row's MMAs start on the first three boxes. Gathering per column vector, not
+the whole [W, N] accumulator: a whole-accumulator gather whose source pixel varied along the columns gave wrong
+values for some shapes (Triton 3.6: 128-pixel rows with 3 outputs and a bias).
 
-Predicted (written before it ran; H200): 256^2 B=1, TH = 2 (128 programs): 4 boxes of 32 KB from L2 per SM (~1-1.5
-us with the launch link), 96 wgmmas of 64x16x16 (~0.4-0.8 us, shared-memory bound), gather and stores ~0.5 us:
-~3-4 us per conv (from 9.1), the decode ~-5 us. Measured (BENCHMARKS.md, runs Z1-Z9; us per conv in a chain of 20
-launches, the row-streaming kernel in brackets): 256^2 5.66 (9.85), 128^2 3.11 (6.24); the decode 256^2 B=1
-0.1526/0.1549 -> 0.1507/0.1511 ms (run Z8). Gathering the whole [W, 16] accumulator instead cost 0.7 us more per
-gather (6.84 us per conv with one gather per dx), and a single such gather whose source pixel varied along the
-columns gave wrong values for some shapes (Triton 3.6: 128-pixel rows with 3 outputs and a bias, run Z2-Z5).
-
-Covers C_in = 64, C_out <= 7 (3 * C_out columns in N = 16 or 32), stride 1, no upsample,
-residual or pre_clamp, W <= 256, sm_90 with Gluon, grids of one program per SM. conv_tc does the checks and the
-epilogue semantics (bias, ReLU); this module packs its own weight (`pack`).
+Covers C_in = 64, C_out <= 7 (3 * C_out columns in N = 16 or 32), stride 1, no upsample, residual or pre_clamp,
+W <= 256, bias and ReLU optional, sm_90 with Gluon, grids of one program per SM (rows_per_program). This module packs
+its own weight (`pack`). x must start 16-byte aligned (TMA): a view that does not is copied first.
 """
 
 from __future__ import annotations
@@ -37,17 +30,23 @@ import functools
 import torch
 from torch import Tensor
 
-from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import TensorDescriptor, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma, warpgroup_mma_wait
-from .conv_halo import _nhwc_desc, _sm_count, one_wave_reason
+from . import conv_op
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
+from .conv_pack import packed_weight, plan
+from .conv_schedule import one_wave_reason
+from .device import sm_count
+from .gluon_import import GLUON_ERROR as _GLUON_ERROR
+from .gluon_import import TensorDescriptor, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from .tma_pdl import nhwc_desc, pdl_wait
+
+NAME = "gluon_conv_narrow"
 
 C = 64  # input channels
 MAX_C_OUT = 7  # 3 * C_out columns fit one wgmma of N = 32
 MAX_W = 256  # one TMA box spans a whole row (box dimensions are at most 256)
 SMEM = 220 * 1024  # at most per program: input rows, weights, the gathers' scratch
-# Output rows per program at most; 0 turns the kernel off (A/B runs: scripts/flag_ab.py conv_narrow.MAX_ROWS=0,4).
-MAX_ROWS = 4
-WARPS = 4  # warps per program at most: one warpgroup per 64 pixels of the row (A/B: flag_ab.py conv_narrow.WARPS=4,16)
+MAX_ROWS = 4  # output rows per program at most
+WARPS = 4  # warps per program at most: one warpgroup per 64 pixels of the row
 
 
 def n_pad(c_out: int) -> int:
@@ -62,8 +61,8 @@ def row_width(W: int) -> int:
 
 def rows_per_program(B: int, H: int, W: int, c_out: int, sms: int) -> int | None:
     """Output rows per program: the fewest that keep the grid to one program per SM (the decode's convs are a chain;
-    a second wave would double this conv's latency) within SMEM, or None. Counting two one-row programs per SM
-    where they fit (256^2) was slower: 6.18 vs 5.66 us per conv, decode 0.152 vs 0.149 ms (run Z9)."""
+    a second wave would double this conv's latency) within SMEM, or None. One program per SM: two one-row programs
+    per SM where they fit (256^2) measured slower."""
     bw, n = row_width(W), n_pad(c_out)
     for th in (1, 2, 4):
         smem = (th + 2) * bw * C * 2 + 3 * C * n * 2 + bw * 4
@@ -72,18 +71,32 @@ def rows_per_program(B: int, H: int, W: int, c_out: int, sms: int) -> int | None
     return None
 
 
-def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
-                       residual: bool) -> str | None:
-    """Why conv_tc's launcher cannot hand this call to the narrow kernel (it then takes another), or None."""
-    if _GLUON_ERROR is not None:
-        return _GLUON_ERROR
-    if x.shape[1] != C or c_out > MAX_C_OUT:
-        return f"{x.shape[1]}->{c_out} channels (the narrow kernel does {C}->{MAX_C_OUT} or fewer)"
+def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_clamp: bool,
+                 residual: bool) -> str | None:
+    """Why the kernel does not cover this conv (beyond the conv contract, the GPU and one wave), or None."""
+    if c_in != C or c_out > MAX_C_OUT:
+        return f"{c_in}->{c_out} channels (the narrow kernel does {C}->{MAX_C_OUT} or fewer)"
     if stride != 1 or upsample != 1 or pre_clamp or residual:
         return "stride 2, the upsample fold, pre_clamp or a residual (the narrow kernel does plain stride-1 convs)"
-    if x.shape[3] > MAX_W:
-        return f"W={x.shape[3]} (> {MAX_W}: the narrow kernel loads whole rows as one TMA box)"
-    return one_wave_reason(x, lambda sms: rows_per_program(x.shape[0], x.shape[2], x.shape[3], c_out, sms))
+    if W > MAX_W:
+        return f"W={W} (> {MAX_W}: the narrow kernel loads whole rows as one TMA box)"
+    return None
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA sm_90 with Gluon, the conv contract, shape_reason, one wave on this GPU."""
+    B, c_in, H, W = spec.x_shape
+    c_out = spec.w_shape[0]
+    return (sm90_spec_reason(spec, _GLUON_ERROR)
+            or shape_reason(c_in, c_out, W, spec.stride, getattr(spec, "upsample", 1),
+                            getattr(spec, "pre_clamp", False), spec.residual)
+            or one_wave_reason(spec.x_shape, lambda sms: rows_per_program(B, H, W, c_out, sms),
+                               sm_count(spec.device)))
+
+
+def spec_ready(spec) -> bool:
+    """True once this exact call shape was launched in this process (Gluon specialises on the sizes)."""
+    return spec_launched(NAME, spec, tuple(spec.x_shape))
 
 
 def pack(w: Tensor) -> Tensor:
@@ -110,7 +123,7 @@ if gluon is not None:
         # y[x, o] = bias[o] + P[x-1, o] + P[x, C_OUT + o] + P[x+1, 2 * C_OUT + o]. Each column is first summed out
         # of the accumulator ([BW] vectors), then the dx = 0 and dx = 2 vectors are shifted by one pixel with a
         # gather (zero outside the row: the padding). Gathers of the whole [BW, N] accumulator cost ~0.7 us each, and
-        # one whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6, runs Z2-Z5).
+        # one whose source pixel varied along the columns gave wrong values for some shapes (Triton 3.6).
         px = gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
         n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
         base = ((img * H + row).to(gl.int64) * W + px) * C_OUT
@@ -156,7 +169,7 @@ if gluon is not None:
             bias = gl.load(b_ptr + (n - C_OUT), mask=is_bias, other=0.0).to(gl.float32)
         else:
             bias = n  # unused
-        if PDL:  # see conv_tc.pdl_args: activations are read only after the previous kernel's writes are visible
+        if PDL:  # see tma_pdl: activations are read only after the previous kernel's writes are visible
             pdl_wait()
         for j in gl.static_range(TH + 2):
             mbarrier.expect(bars.index(1 + j), BW * 64 * 2)
@@ -184,12 +197,12 @@ def _layout(rank: int):
 
 
 def launch(x: Tensor, wn: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl: dict | None = None) -> None:
-    """x: channels_last f16 [B, 64, H, W]; out: channels_last f16 [B, C_out, H, W]; wn: `pack`'s weight;
-    pdl: conv_tc.pdl_args(x)."""
+    """x: channels_last f16 [B, 64, H, W], 16-byte aligned; out: channels_last f16 [B, C_out, H, W]; wn: `pack`'s
+    weight; pdl: tma_pdl.pdl_args(x)."""
     B, _, H, W = x.shape
     c_out = out.shape[1]
-    th, bw = rows_per_program(B, H, W, c_out, _sm_count(x.device)), row_width(W)
-    x_desc = _nhwc_desc(x, [1, 1, bw, C], _layout(4))
+    th, bw = rows_per_program(B, H, W, c_out, sm_count(x.device)), row_width(W)
+    x_desc = nhwc_desc(x, [1, 1, bw, C], _layout(4))
     w_desc = TensorDescriptor.from_tensor(wn, [C, wn.shape[1]],
                                           gl.NVMMASharedLayout.get_default_for([C, wn.shape[1]], gl.float16))
     tiles_h = -(-H // th)
@@ -198,3 +211,26 @@ def launch(x: Tensor, wn: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl
         C_OUT=c_out, N_PAD=wn.shape[1], HAS_BIAS=b is not None, RELU=bool(relu), TH=th, BW=bw,
         num_warps=min(WARPS, bw // 16), **(pdl or {"PDL": False}),
     )
+
+
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
+    B, c_in, H, W = x.shape
+    c_out = w.shape[0]
+    refuse = shape_reason(c_in, c_out, W, stride, upsample, pre_clamp, residual is not None)
+    if refuse is None and x.is_cuda:
+        refuse = one_wave_reason(x.shape, lambda sms: rows_per_program(B, H, W, c_out, sms), sm_count(x.device))
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, c_out, upsample), tag=NAME,
+                                                build=lambda: pack(w.detach())),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.out, relu, pdl), tuple(x.shape))
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
+    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

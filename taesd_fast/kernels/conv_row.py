@@ -1,50 +1,67 @@
-"""The row-streaming 64->64 conv in CUDA C++ (csrc/conv_row_sm90.cu, compiled with NVRTC for sm_90a): conv_halo's
-schedule with one copy of each input row in shared memory, its three dx taps read as wgmma operands starting 0, 1
-and 2 pixels into it (which Gluon's shared-memory views cannot express; the Gluon kernel loads three shifted boxes).
+"""The row-streaming 64->64 conv in CUDA C++ (row "cuda_conv_rows"; csrc/conv_row_sm90.cu, compiled with NVRTC for
+sm_90a): conv_halo's schedule with one copy of each input row in shared memory, its three dx taps read as wgmma
+operands starting 0, 1 and 2 pixels into it (which Gluon's shared-memory views cannot express; the Gluon kernel
+loads three shifted boxes). Fewer shared-memory bytes per row make it faster than the Gluon kernel on short row runs
+in one wave of programs (B=1 at 128^2-256^2); on long runs the Gluon kernel's deeper overlap wins.
 
-Where it runs: conv_halo.launch hands it 64->64 calls in the latency regime, short row runs in one wave of
-programs (B=1 at 256^2 and 128^2), where it wins; with long runs the Gluon kernel's deeper overlap wins. Measured
-(run BB3, us per conv in a chain of 20 graph-captured launches, the same bits as the Gluon kernel): 256^2 B=1 with
-a residual 14.76 -> 13.65, without 12.52 -> 12.33, 128^2 B=1 8.12 -> 6.33; slower at 512^2 B=1 (16-row runs)
-35.3 -> 42.0, 256^2 B=64 0.51 -> 0.64 ms. Decode 256^2 B=1 0.1523 -> 0.1496 ms."""
+Covers 64->64, stride 1, no upsample or pre_clamp, W > 64 (strips of 128 columns), with or without bias and
+residual, sm_90 with NVRTC. x and the residual must start 16-byte aligned (TMA): views that do not are copied first.
+A compile or launch failure is remembered: a warning once, the call raises, and from then on the row's rule names
+the failure (so the dispatcher skips it).
+"""
 
 from __future__ import annotations
 
 import warnings
 
-import torch
 from torch import Tensor
 
 from .. import _backend
+from . import conv_op
+from .conv_launch import launch_checked, route, sm90_spec_reason
+from .conv_pack import packed_weight, plan
+from .conv_schedule import rows_per_program
 from .derived import derived
+from .device import sm_count
 
+NAME = "cuda_conv_rows"
 SOURCE, KERNEL = "conv_row_sm90.cu", "conv_row_sm90"
+C = 64  # channels in and out
 STRIP = 128  # output columns per program (two warpgroups of 64)
 SMEM = 73728 + 3 * (17408 + 16384) + 16384 + 64 + 1024  # the kernel's SMEM_BYTES plus 1024-byte alignment slack
 
-
-MAX_ROWS = 4  # rows per program up to which it beats the Gluon kernel (4 at 256^2 B=1; 16 at 512^2 loses)
 _failure: list[str] = []  # why it could not compile or launch in this process, once it could not
 
 
 def give_up(error: Exception) -> None:
-    """Called when compiling or launching failed: every later call takes the Gluon kernel, with one warning."""
+    """Called when compiling or launching failed: one warning; the row's rule names the failure from then on."""
     _failure.append(f"{type(error).__name__}: {error}")
-    warnings.warn(f"taesd_fast: the CUDA row conv kernel is unavailable ({_failure[0]}); using the Gluon kernel",
+    warnings.warn(f"taesd_fast: the CUDA row conv kernel is unavailable ({_failure[0]}); other kernels run instead",
                   RuntimeWarning, stacklevel=3)
 
 
-def reason(x: Tensor, rows: int, programs: int, sms: int) -> str | None:
-    """Why conv_halo should not hand this call (rows per program, grid size) to the CUDA kernel, or None."""
-    if rows > MAX_ROWS or programs > sms:
-        return f"{rows} rows per program, {programs} programs (the CUDA kernel wins only on short runs in one wave)"
-    if _failure:
-        return _failure[0]
-    why = _backend.kernels_unavailable_reason(x.device)
-    if why is None and torch.cuda.is_current_stream_capturing() and not _backend.is_loaded(SOURCE, KERNEL,
-                                                                                          device=x.device):
-        why = "not compiled before this CUDA-graph capture"
-    return why
+def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+    """Why the kernel does not cover this conv (beyond the conv contract and the GPU), or None."""
+    if c_in != C or c_out != C:
+        return f"{c_in}->{c_out} channels (the CUDA row kernel does {C}->{C})"
+    if stride != 1 or upsample != 1 or pre_clamp:
+        return "stride 2, the upsample fold or pre_clamp (the CUDA row kernel does plain stride-1 convs)"
+    if W <= 64:
+        return f"W={W} (<= 64: strips of {STRIP} columns would be mostly padding)"
+    return None
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA sm_90, the conv contract, shape_reason, and no earlier compile failure (NVRTC
+    itself is checked by the dispatcher for rows marked nvrtc)."""
+    return (sm90_spec_reason(spec, _failure[0] if _failure else None)
+            or shape_reason(spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride,
+                            getattr(spec, "upsample", 1), getattr(spec, "pre_clamp", False)))
+
+
+def spec_ready(spec) -> bool:
+    """True once the module is loaded on this device (sizes are kernel arguments: one binary serves every shape)."""
+    return _backend.is_loaded(SOURCE, KERNEL, device=spec.device)
 
 
 def _nhwc_map(t: Tensor, box_w: int, box_c: int = 64):
@@ -56,11 +73,11 @@ def _nhwc_map(t: Tensor, box_w: int, box_c: int = 64):
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
            rows: int, pdl: bool) -> None:
-    """x, residual, out: channels_last f16 [B, 64, H, W]; wp: conv_tc's packed weight [1, 576, 64] (rows tap * 64 +
-    c_in); rows: output rows per program (conv_halo's choice)."""
+    """x, residual, out: channels_last f16 [B, 64, H, W], 16-byte aligned; wp: conv_pack's weight [1, 576, 64]
+    (rows tap * 64 + c_in); rows: output rows per program."""
     B, _, H, W = x.shape
     # The kernel reads each tap's weight K-major ([c_out][c_in]); a repack in this call means no PDL (see
-    # conv_tc.pdl_args: the weights load before the wait).
+    # tma_pdl: the weights load before the wait).
     built = []
     wk = derived.get(wp, ("conv_row",), lambda: built.append(1) or wp.reshape(9, 64, 64).transpose(1, 2).contiguous())
     w_map = _backend.tensor_map(wk, [64, 9 * 64], [64], [64, 64])
@@ -72,3 +89,30 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     kernel((B * chunks * strips,), (256,), [x_map, w_map, r_map, y_map, b, H, rows, chunks, strips,
                                             int(residual is not None), int(relu), int(pdl and not built)],
            smem=SMEM, pdl=pdl and not built)
+
+
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
+    refuse = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
+
+    def kernel(call, wp, pdl):
+        B, _, H, W = call.x.shape
+        rows = rows_per_program(B, H, -(-W // STRIP), sm_count(call.x.device))
+        try:
+            launch(call.x, wp, call.b, call.residual, call.out, relu, rows, pdl["PDL"])
+        except RuntimeError as e:  # NVRTC or the driver refused it; nothing was launched
+            give_up(e)
+            raise
+
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, C, upsample)), kernel)
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
+    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

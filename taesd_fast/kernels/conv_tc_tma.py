@@ -1,38 +1,55 @@
-"""The tensor-core conv's TMA variant (Hopper+): the same implicit GEMM as conv_tc's kernel, but each program owns a
-2-D tile of TILE_H x TILE_W output pixels and loads every tap's input box [1, TILE_H, TILE_W, BLOCK_K] with one TMA
-copy from a 4-D NHWC descriptor. The TMA unit zero-fills the parts of a box outside the image (negative or too
-large coordinates), so the conv's zero padding costs no masks and no per-pixel address maths.
+"""The tensor-core conv's TMA kernel (row "triton_conv_tma", Hopper+): the same implicit GEMM as conv_tc's pointer
+kernel, but each program owns a 2-D tile of TILE_H x TILE_W output pixels and loads every tap's input box
+[1, TILE_H, TILE_W, BLOCK_K] with one TMA copy from a 4-D NHWC descriptor. The TMA unit zero-fills the parts of a box
+outside the image (negative or too large coordinates), so the conv's zero padding costs no masks and no per-pixel
+address maths; the pointer kernel spends its issue slots on that arithmetic.
 
-Why (predicted before measuring, H200): the pointer kernel spends its issue slots on per-pixel address and mask
-arithmetic and 16-byte cp.async per thread and runs at 290-360 TFLOP/s on 64->64 convs (run D / run E). One TMA
-copy per tap frees those slots for the MMAs; Triton's TMA matmuls reach 550-650 TFLOP/s at these K. Predicted
-64->64 256^2 B=64: 0.55-0.7 ms (from 0.94-1.06). Measured (run F): 0.83-0.87 ms (356-372 TFLOP/s), the upsample
-fold 0.41-0.44 ms (from 0.54): still every tap reloads its box from L2 (BENCHMARKS.md, "Issue 5 continued").
-
-Covers stride 1 (with or without the upsample fold), C_in a multiple of BLOCK_K (tap mode), no pre_clamp. conv_tc's
-launcher calls `launch` when the config has tile_w > 0; everything else (checks, packing, epilogue semantics) is
-conv_tc's.
+Covers stride 1 (with or without the upsample fold), C_in >= 16 and a multiple of the K chunk (tap mode), no
+pre_clamp, up to 256 channels each way, sm_90+. The packed weight and the epilogue are the pointer kernel's
+(conv_pack, conv_epilogue). x must start 16-byte aligned (TMA): a view that does not is copied first.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from .conv_tc import _capability
+from . import conv_op
+from .conv_contract import conv_shape_reason
+from .conv_epilogue import epilogue, upsample_phase
+from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
+from .conv_pack import packed_weight, plan
+from .device import capability, sm_count
+from .tma_pdl import pdl_args, pdl_start
+from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
 
-try:
-    import triton
-    import triton.language as tl
+if triton is not None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from .conv_tc import _epilogue, _pdl_start, _upsample_phase
-except Exception:  # conv_tc reports Triton's absence; this module is only imported once Triton ran
-    triton = tl = TensorDescriptor = None
+NAME = "triton_conv_tma"
+
+
+@dataclass(frozen=True)
+class TMAConfig:
+    """Launch config: 2-D tiles of (block_m // tile_w) x tile_w pixels; persistent > 0: that many programs per SM,
+    each looping over tiles (the next tile's loads overlap this tile's epilogue)."""
+
+    block_m: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    tile_w: int = 16
+    persistent: int = 0
+
+
+def default_config(c_out: int) -> TMAConfig:
+    return TMAConfig(128, 8 if plan(64, c_out, 1).block_n >= 128 else 4, 3, 16)
 
 
 def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, tile_w: int, block_m: int,
                        device: torch.device) -> str | None:
+    """The kernel's own limits (beyond the conv contract), from the channel count, the config and the device."""
     if stride != 1:
         return "stride 2 (TMA boxes here are unit-stride)"
     if pre_clamp:
@@ -41,7 +58,7 @@ def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, ti
         return f"C_in={c_in} must be >= 16 and a multiple of block_k={block_k}"
     if tile_w < 8 or block_m % tile_w or tile_w & (tile_w - 1):
         return f"tile_w={tile_w} must be a power of two >= 8 dividing block_m={block_m}"
-    if device.type == "cuda" and _capability(device) < 9:
+    if device.type == "cuda" and capability(device)[0] < 9:
         return "TMA needs compute capability 9.0 (Hopper) or newer"
     return None
 
@@ -58,7 +75,7 @@ if triton is not None:
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PERSISTENT: tl.constexpr, PDL: tl.constexpr,
     ):
-        _pdl_start(PDL)
+        pdl_start(PDL)
         # PERSISTENT flattens the tile and K loops into one software pipeline, so the next tile's loads are in
         # flight during this tile's epilogue (K is only 9 steps: fill and drain are a large part of each tile).
         for pid in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGS, flatten=PERSISTENT):
@@ -73,7 +90,7 @@ if triton is not None:
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         BLOCK_M: tl.constexpr = TILE_H * TILE_W
-        phase, t, py, px = _upsample_phase(pid, UPSAMPLE)
+        phase, t, py, px = upsample_phase(pid, UPSAMPLE)
         tx = t % TILES_X
         t = t // TILES_X
         ty = t % TILES_Y
@@ -105,32 +122,81 @@ if triton is not None:
         else:
             oy = gy
             ox = gx
-        _epilogue(acc, b_ptr, r_ptr, y_ptr, (img * Ho + oy) * Wo + ox, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, HAS_RES,
+        epilogue(acc, b_ptr, r_ptr, y_ptr, (img * Ho + oy) * Wo + ox, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, HAS_RES,
                   RELU)
 
 
-def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool, upsample: int,
-           plan, cfg, pdl: dict) -> None:
-    """x, residual, out: channels_last f16; wp: conv_tc's packed weight for `plan`; cfg: a TCConfig with tile_w;
-    pdl: conv_tc.pdl_args(x)."""
+def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                       upsample: int = 1, pre_clamp: bool = False, config: TMAConfig | None = None) -> Tensor:
+    """Run the TMA kernel (benchmarks pass explicit configs). Returns channels_last y. Raises ValueError where the
+    kernel's limits (unsupported_reason) exclude the call."""
+    if triton is None:
+        raise RuntimeError(f"conv3x3_tc_tma: {TRITON_ERROR}")
+    call = prepare("conv3x3_tc_tma", x, w, b, residual, stride, upsample, tma=True)
+    x, out, b, residual = call.x, call.out, call.b, call.residual
     B, c_in, H, W = x.shape
-    c_out = out.shape[1]
+    c_out = w.shape[0]
+    cfg = config or default_config(c_out)
+    p = plan(c_in, c_out, upsample)
+    reason = unsupported_reason(c_in, stride, pre_clamp, p.block_k, cfg.tile_w, cfg.block_m, x.device)
+    if reason is not None:
+        raise ValueError(f"conv3x3_tc_tma: {reason}")
+    wp, packed_now = packed_weight(w, upsample, p)
     Ho, Wo = out.shape[2], out.shape[3]
     GH, GW = (H, W) if upsample == 2 else (Ho, Wo)
     tile_h, tile_w = cfg.block_m // cfg.tile_w, cfg.tile_w
     tiles_y, tiles_x = -(-GH // tile_h), -(-GW // tile_w)
-    x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, tile_h, tile_w, plan.block_k])
-    tiles = B * tiles_y * tiles_x * plan.phases
+    tiles = B * tiles_y * tiles_x * p.phases
     programs = tiles
-    if cfg.persistent:
-        programs = min(tiles, cfg.persistent * torch.cuda.get_device_properties(x.device).multi_processor_count
-                       if x.is_cuda else 3)  # the interpreter: a few programs, so each loops over several tiles
-    grid = (programs, plan.n_pad // plan.block_n)
-    _conv3x3_tc_tma_kernel[grid](
-        x_desc, wp, b if b is not None else wp, residual if residual is not None else out, out,
-        GH, GW, Ho, Wo, tiles_y, tiles_x, tiles, programs,
-        C_OUT=c_out, N_PAD=plan.n_pad, K_ROWS=plan.k_rows, CHUNKS=plan.cin_pad // plan.block_k, KS=plan.ks,
-        UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
-        TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, PERSISTENT=bool(cfg.persistent),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
-    )
+    if cfg.persistent:  # under the interpreter: a few programs, so each loops over several tiles
+        programs = min(tiles, cfg.persistent * sm_count(x.device) if x.is_cuda else 3)
+    with on_device(x):
+        x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, tile_h, tile_w, p.block_k])
+        _conv3x3_tc_tma_kernel[(programs, p.n_pad // p.block_n)](
+            x_desc, wp, b if b is not None else wp, residual if residual is not None else out, out,
+            GH, GW, Ho, Wo, tiles_y, tiles_x, tiles, programs,
+            C_OUT=c_out, N_PAD=p.n_pad, K_ROWS=p.k_rows, CHUNKS=p.cin_pad // p.block_k, KS=p.ks,
+            UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
+            TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=p.block_n, BLOCK_K=p.block_k, PERSISTENT=bool(cfg.persistent),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now + call.copied),
+        )
+    mark_launched(NAME, x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
+                  (cfg, tuple(x.shape)))
+    return out
+
+
+# --------------------------------------------------------------------------- the row
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA, Triton, the conv contract, then the kernel's limits with the default config."""
+    if not spec.device.startswith("cuda"):
+        return "CPU tensor"
+    upsample = getattr(spec, "upsample", 1)
+    reason = triton_unavailable_reason(spec.device) or conv_shape_reason(
+        spec.x_shape, spec.w_shape, spec.dtype, spec.stride, upsample)
+    if reason is not None:
+        return reason
+    c_out, c_in = spec.w_shape[:2]
+    cfg = default_config(c_out)
+    return unsupported_reason(c_in, spec.stride, getattr(spec, "pre_clamp", False), plan(c_in, c_out, upsample).block_k,
+                              cfg.tile_w, cfg.block_m, torch.device(spec.device))
+
+
+def spec_ready(spec) -> bool:
+    """True once this exact call shape was launched in this process (TMA launches specialise on the sizes)."""
+    return spec_launched(NAME, spec, (default_config(spec.w_shape[0]), tuple(spec.x_shape)))
+
+
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    return conv3x3_tma_launch(x, w, b, residual, stride, relu, upsample, pre_clamp)
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
+    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

@@ -1,65 +1,74 @@
-"""The tensor-core conv's latency variant for small 64->64 stride-1 3x3 convs on Hopper (Gluon: TMA and wgmma with
-both operands in shared memory): the 32^2-128^2 levels of a B=1 decode.
+"""The small-tile latency conv (row "gluon_conv_tile"): 64->64 stride-1 3x3 convs on Hopper (Gluon: TMA and wgmma
+with both operands in shared memory), for the 32^2-128^2 levels of a B=1 decode.
 
-Why: a B=1 decode is ~35 dependent kernels. A chain of near-empty kernels costs 0.8-1.0 us per launch with
-programmatic dependent launch (scripts/launch_floor.py, run W1), but the pointer kernel's 64->64 conv at 32^2 costs
-~4.4 us from its predecessor's end to its own (scripts/decode_timeline.py, run W1): after griddepcontrol.wait it
-walks 9 taps, each loading an input slice and a [64, 64] weight slice from L2 a few taps ahead of the MMA, so its
-critical path is a chain of L2 round trips. The MMA work itself is 0.6 us per 64-pixel tile.
+Why: a B=1 decode is ~35 dependent kernels, so each conv's time from its predecessor's end to its own end matters
+more than its throughput. The pointer kernel walks 9 taps after griddepcontrol.wait, each loading an input slice
+and a [64, 64] weight slice from L2 a few taps ahead of the MMA: its critical path is a chain of L2 round trips.
 
 How: one program computes 1 or 2 rows of 64 output pixels of one image (narrower images leave the rest of the row
 to TMA's zero fill and clipped stores). The 9 weight taps (72 KB) are loaded into shared memory by TMA *before*
 griddepcontrol.wait: weights are not written by the previous kernel, so their load overlaps its drain. After the
 wait, one round of TMA loads brings the input rows y0-1 .. y0+2 as three boxes shifted by dx = -1, 0, +1 columns
 (TMA zero-fills outside the image: the conv's padding), and the residual rows; each box has its own barrier, so the
-MMAs of the first box to land start while the others are in flight. Output row r's tap (dy, dx) is the
-64-pixel slice at row r + dy of box dx. The 9 (or 18) wgmmas run back to back from shared memory (one warpgroup,
-one accumulator per output row); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
-store (clipped at the image's edges). Small grids (32^2 at B=1) split the output channels over two programs; where
-one-row tiles would need more than one wave, two-row tiles (128^2 at B=1: 128 programs instead of 256); see
-tile_shape.
+MMAs of the first box to land start while the others are in flight. Output row r's tap (dy, dx) is the 64-pixel
+slice at row r + dy of box dx. The 9 (or 18) wgmmas run back to back from shared memory (one warpgroup, one
+accumulator per output row); bias, residual and ReLU are applied in registers and the tile leaves through a TMA
+store (clipped at the image's edges). Small grids split the output channels over two programs; where one-row tiles
+would need more than one wave, two-row tiles (see tile_shape). Larger images run in several waves: correct, and
+the dispatcher's timing decides whether that is worth it.
 
-Predicted (written before it ran; H200): a conv's post-wait critical path = one TMA round trip (~0.6 us) + 9 wgmmas
-(0.6 us) + epilogue and store (~0.4 us), plus the ~0.8 us launch link: ~2.4 us at 32^2 and 64^2 (from 4.4-4.6); the
-27 Block convs of a 256^2 B=1 decode ~55 us less: 0.216 -> ~0.16 ms. Measured (BENCHMARKS.md, runs W2-W6; us per
-conv in a chain of 20 launches, pointer kernel in brackets): 32^2 2.18-2.28 (3.21-3.38), 64^2 2.49 (3.36), 128^2
-4.44-4.56 (5.58-5.89); the decode 0.2176 -> 0.1609 ms.
-
-Covers C_in = C_out = 64, stride 1, no upsample or pre_clamp, sm_90 with Gluon, 16-byte aligned tensors. conv_tc does
-the checks, the weight packing (rows tap * 64 + c_in, tap = 3 * dy + dx) and the epilogue semantics.
+Covers C_in = C_out = 64, stride 1, no upsample or pre_clamp, W >= 16, with or without bias and residual, sm_90 with
+Gluon. The weight is conv_pack's (rows tap * 64 + c_in, tap = 3 * dy + dx). x and the residual must start 16-byte
+aligned (TMA): views that do not are copied first.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
-                     warpgroup_mma_wait)
-from .conv_halo import _nhwc_desc, _sm_count, device_reason
+from . import conv_op
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
+from .conv_pack import packed_weight, plan
+from .device import sm_count
+from .gluon_import import GLUON_ERROR as _GLUON_ERROR
+from .gluon_import import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
+                           warpgroup_mma_wait)
+from .tma_pdl import nhwc_desc, pdl_wait
+
+NAME = "gluon_conv_tile"
 
 C = 64  # channels in and out
 TW = 64  # tile width in pixels: one wgmma's M (narrower images leave columns to TMA's zero fill and clipped stores)
 
 
-def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
-    """Why conv_tc's launcher cannot hand this call to the tile kernel (it then takes another), or None."""
-    if _GLUON_ERROR is not None:
-        return _GLUON_ERROR
-    if x.shape[1] != C or c_out != C:
-        return f"{x.shape[1]}->{c_out} channels (the tile kernel does {C}->{C})"
+def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+    """Why the kernel does not cover this conv (beyond the conv contract and the GPU), or None."""
+    if c_in != C or c_out != C:
+        return f"{c_in}->{c_out} channels (the tile kernel does {C}->{C})"
     if stride != 1 or upsample != 1 or pre_clamp:
         return "stride 2, the upsample fold or pre_clamp (the tile kernel does plain stride-1 convs)"
-    if x.shape[3] < 16:
-        return f"W={x.shape[3]} (< 16: 64-pixel tile rows would be mostly padding)"
-    return device_reason(x)
+    if W < 16:
+        return f"W={W} (< 16: 64-pixel tile rows would be mostly padding)"
+    return None
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA sm_90 with Gluon, the conv contract, then shape_reason."""
+    return sm90_spec_reason(spec, _GLUON_ERROR) or shape_reason(
+        spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride, getattr(spec, "upsample", 1),
+        getattr(spec, "pre_clamp", False))
+
+
+def spec_ready(spec) -> bool:
+    """True once this exact call shape was launched in this process (Gluon specialises on the sizes)."""
+    return spec_launched(NAME, spec, tuple(spec.x_shape))
 
 
 def tile_shape(B: int, H: int, W: int, sms: int) -> tuple[int, int]:
     """(output rows, output channels) per program. Half the channels (each program's MMA chain halves) while the
-    programs still fill at most half the SMs: 32^2 at B=1, 2.69 -> 2.49 us per conv; at 64^2 (128 programs) it cost
-    2.68 -> 3.07 (runs W3, W5: each program loads all the input boxes, and the next kernel finds no free SMs to start
-    on early). One-row tiles with all channels while they fit one wave, else two-row tiles (128^2 at B=1)."""
+    programs still fill at most half the SMs (32^2 at B=1); beyond that, each program loading all the input boxes
+    costs more than the halved chain saves, and the next kernel finds no free SMs to start on early. One-row tiles
+    with all channels while they fit one wave, else two-row tiles (128^2 at B=1)."""
     one_row_tiles = B * H * -(-W // TW)
     if 4 * one_row_tiles <= sms:
         return 1, 32
@@ -125,7 +134,7 @@ if gluon is not None:
             bias = gl.load(b_ptr + cols).to(gl.float32)
         else:
             bias = cols  # unused
-        if PDL:  # see conv_tc.pdl_args: activations are read only after the previous kernel's writes are visible
+        if PDL:  # see tma_pdl: activations are read only after the previous kernel's writes are visible
             pdl_wait()
         for dx in gl.static_range(3):
             mbarrier.expect(bars.index(1 + dx), 4 * 64 * 64 * 2)
@@ -163,15 +172,15 @@ if gluon is not None:
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
            pdl: dict | None = None) -> None:
-    """x, residual, out: channels_last f16 [B, 64, H, W]; wp: conv_tc's packed weight [1, 576, 64] (rows tap * 64 +
-    c_in); pdl: conv_tc.pdl_args(x)."""
+    """x, residual, out: channels_last f16 [B, 64, H, W], 16-byte aligned; wp: conv_pack's weight [1, 576, 64]
+    (rows tap * 64 + c_in); pdl: tma_pdl.pdl_args(x)."""
     B, _, H, W = x.shape
-    th, block_n = tile_shape(B, H, W, _sm_count(x.device))
-    x_desc = _nhwc_desc(x, [1, 4, TW, C], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4))
+    th, block_n = tile_shape(B, H, W, sm_count(x.device))
+    x_desc = nhwc_desc(x, [1, 4, TW, C], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4))
     box = [1, th, TW, block_n]
     layout = gl.NVMMASharedLayout.get_default_for(box, gl.float16)
-    y_desc = _nhwc_desc(out, box, layout)
-    r_desc = _nhwc_desc(residual, box, layout) if residual is not None else y_desc
+    y_desc = nhwc_desc(out, box, layout)
+    r_desc = nhwc_desc(residual, box, layout) if residual is not None else y_desc
     w_desc = TensorDescriptor.from_tensor(wp.reshape(9 * C, C), [C, block_n],
                                           gl.NVMMASharedLayout.get_default_for([C, block_n], gl.float16))
     tiles_h, tiles_w = -(-H // th), -(-W // TW)
@@ -180,3 +189,21 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
         HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu), TH=th, BLOCK_N=block_n,
         num_warps=4, **(pdl or {"PDL": False}),
     )
+
+
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
+    refuse = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, C, upsample)),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.residual, c.out, relu, pdl), tuple(x.shape))
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
+    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

@@ -1,12 +1,10 @@
-"""The upsample fold's latency variant: nearest 2x upsample + 64->64 3x3 conv for small B=1 images on Hopper (Gluon:
-TMA and wgmma from shared memory), the decoder's upsample convs at 64^2-256^2 output.
+"""The upsample-fold latency conv (row "gluon_conv_up"): nearest 2x upsample + 64->64 3x3 conv for small images on
+Hopper (Gluon: TMA and wgmma from shared memory), the decoder's upsample convs at 64^2-256^2 output at B=1.
 
-Why: at 256^2 B=1 the fold ran on the Triton TMA kernel at 9.5 us in every launch config that fits one wave, and at
-128^2 on the pointer kernel at 4.9 us (timeline and sweep, run X1), for 2.1 and 0.5 GFLOP: each program reloads a
-weight slice per K step and covers one output phase of a 2-D tile, so the four phases of a tile read the same input
-four times.
+Why: the Triton kernels give each program one output phase of a 2-D tile and reload a weight slice per K step, so
+the four phases of a tile read the same input four times.
 
-How (conv_tc's docstring has the fold): output row 2y + py, column 2x + px reads the 2x2 low-res taps
+How (conv_pack's docstring has the fold): output row 2y + py, column 2x + px reads the 2x2 low-res taps
 x[y + py - 1 + ty, x + px - 1 + tx] with phase (py, px) weights. One program owns one output row parity py, TH
 low-res rows y0 .. y0+TH-1 and a strip of 64 low-res columns, both column phases and all 64 output channels. Its 8
 weight blocks (px, ty, tx) are 64 KB, loaded before griddepcontrol.wait (the previous kernel does not write them).
@@ -16,16 +14,10 @@ accumulators (px = 0, 1); the next row's MMAs are issued before the previous row
 phases side by side: the output seen as [B, H, 2, W, 2 * 64] (row parity and column phase split out) takes a
 [64 pixels, 64 channels] box per phase.
 
-Predicted (written before it ran; H200): at 256^2 B=1 (TH = 4, 128 programs) 128 wgmmas of 64x64x16 per program,
-~2.1-2.5 us at 80-100% of the tensor rate, plus ~1.5 us of launch, input landing (120 KB per SM) and stores: ~4.5 us
-(from 9.5); at 128^2 (TH = 1, 128 programs) ~2.5-3 us (from 4.9). Decode 256^2 B=1 ~-7 us. Measured (BENCHMARKS.md,
-runs Y1 and Y5; us per conv in a chain of 20 launches, the previous kernel in brackets): 256^2 6.23 (9.52-9.65),
-128^2 2.97 (3.58-3.60), 64^2 2.30 (2.40); decode 256^2 B=1 0.159-0.162 -> 0.156-0.157 ms. The 256^2 conv stays above
-the prediction; an A operand from registers, tried on conv_tile, made the small convs slower (run Y3).
-
-Covers 64->64, stride 1, upsample 2, optional bias and ReLU (no residual, no pre_clamp), sm_90 with Gluon, grids of at
-most one program per SM. conv_tc does the checks and packs the folded weights ([4 phases, tap * 64 + c_in, 64],
-phase = 2 * py + px, tap = 2 * ty + tx).
+Covers 64->64, stride 1, upsample 2, optional bias and ReLU (no residual, no pre_clamp), W >= 16, sm_90 with Gluon,
+grids of at most one program per SM (rows_per_program). The weight is conv_pack's folded one ([4 phases,
+tap * 64 + c_in, 64], phase = 2 * py + px, tap = 2 * ty + tx). x must start 16-byte aligned (TMA): a view that does
+not is copied first.
 """
 
 from __future__ import annotations
@@ -34,15 +26,21 @@ import functools
 
 from torch import Tensor
 
-from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, pdl_wait, tma, warpgroup_mma,
-                     warpgroup_mma_wait)
-from .conv_halo import _nhwc_desc, _sm_count, one_wave_reason
+from . import conv_op
+from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
+from .conv_pack import packed_weight, plan
+from .conv_schedule import one_wave_reason
+from .device import sm_count
+from .gluon_import import GLUON_ERROR as _GLUON_ERROR
+from .gluon_import import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
+                           warpgroup_mma_wait)
+from .tma_pdl import nhwc_desc, pdl_wait
+
+NAME = "gluon_conv_up"
 
 C = 64  # channels in and out
 TW = 64  # low-res columns per program: one wgmma's M
-# Low-res rows per program at most: 4 fills shared memory (input 120 KB + weights 64 + staging 32). 0 turns the kernel
-# off (A/B runs: scripts/flag_ab.py conv_up.MAX_ROWS=0,4).
+# Low-res rows per program at most: 4 fills shared memory (input 120 KB + weights 64 + staging 32).
 MAX_ROWS = 4
 
 
@@ -56,18 +54,30 @@ def rows_per_program(B: int, H: int, W: int, sms: int) -> int | None:
     return None
 
 
-def unsupported_reason(x: Tensor, c_out: int, stride: int, upsample: int, pre_clamp: bool,
-                       residual: bool) -> str | None:
-    """Why conv_tc's launcher cannot hand this call to the upsample kernel (it then takes another), or None."""
-    if _GLUON_ERROR is not None:
-        return _GLUON_ERROR
+def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_clamp: bool,
+                 residual: bool) -> str | None:
+    """Why the kernel does not cover this conv (beyond the conv contract, the GPU and one wave), or None."""
     if upsample != 2 or stride != 1 or pre_clamp or residual:
         return "not a plain upsample fold (the upsample kernel does upsample 2, stride 1, no pre_clamp or residual)"
-    if x.shape[1] != C or c_out != C:
-        return f"{x.shape[1]}->{c_out} channels (the upsample kernel does {C}->{C})"
-    if x.shape[3] < 16:
-        return f"W={x.shape[3]} (< 16: 64-pixel tile rows would be mostly padding)"
-    return one_wave_reason(x, lambda sms: rows_per_program(x.shape[0], x.shape[2], x.shape[3], sms))
+    if c_in != C or c_out != C:
+        return f"{c_in}->{c_out} channels (the upsample kernel does {C}->{C})"
+    if W < 16:
+        return f"W={W} (< 16: 64-pixel tile rows would be mostly padding)"
+    return None
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA sm_90 with Gluon, the conv contract, shape_reason, one wave on this GPU."""
+    B, c_in, H, W = spec.x_shape
+    return (sm90_spec_reason(spec, _GLUON_ERROR)
+            or shape_reason(c_in, spec.w_shape[0], W, spec.stride, getattr(spec, "upsample", 1),
+                            getattr(spec, "pre_clamp", False), spec.residual)
+            or one_wave_reason(spec.x_shape, lambda sms: rows_per_program(B, H, W, sms), sm_count(spec.device)))
+
+
+def spec_ready(spec) -> bool:
+    """True once this exact call shape was launched in this process (Gluon specialises on the sizes)."""
+    return spec_launched(NAME, spec, tuple(spec.x_shape))
 
 
 if gluon is not None:
@@ -136,7 +146,7 @@ if gluon is not None:
             bias = gl.load(b_ptr + cols).to(gl.float32)
         else:
             bias = cols  # unused
-        if PDL:  # see conv_tc.pdl_args: activations are read only after the previous kernel's writes are visible
+        if PDL:  # see tma_pdl: activations are read only after the previous kernel's writes are visible
             pdl_wait()
         for dx in gl.static_range(3):  # one row per box: box shapes must be powers of two
             mbarrier.expect(bars.index(1 + dx), (TH + 1) * 64 * 64 * 2)
@@ -166,11 +176,11 @@ def _layout(rank: int):
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl: dict | None = None) -> None:
-    """x: channels_last f16 [B, 64, H, W]; out: channels_last f16 [B, 64, 2H, 2W]; wp: conv_tc's packed folded
-    weight [4, 256, 64]; pdl: conv_tc.pdl_args(x)."""
+    """x: channels_last f16 [B, 64, H, W], 16-byte aligned; out: channels_last f16 [B, 64, 2H, 2W]; wp: conv_pack's
+    folded weight [4, 256, 64]; pdl: tma_pdl.pdl_args(x)."""
     B, _, H, W = x.shape
-    th = rows_per_program(B, H, W, _sm_count(x.device))
-    x_desc = _nhwc_desc(x, [1, 1, TW, C], _layout(4))
+    th = rows_per_program(B, H, W, sm_count(x.device))
+    x_desc = nhwc_desc(x, [1, 1, TW, C], _layout(4))
     # out [B, 2H, 2W, 64] as [B, H, py, W, (px, c)]: one [64 pixels, 64 channels] box per (row, phase)
     y_desc = TensorDescriptor(out, [B, H, 2, W, 2 * C], [4 * H * W * C, 4 * W * C, 2 * W * C, 2 * C, 1],
                               [1, 1, 1, TW, C], _layout(5))
@@ -180,3 +190,24 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, out: Tensor, relu: bool, pdl
         x_desc, w_desc, y_desc, b if b is not None else wp, tiles_h, tiles_w,
         HAS_BIAS=b is not None, RELU=bool(relu), TH=th, num_warps=4, **(pdl or {"PDL": False}),
     )
+
+
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
+    B, c_in, H, W = x.shape
+    refuse = shape_reason(c_in, w.shape[0], W, stride, upsample, pre_clamp, residual is not None)
+    if refuse is None and x.is_cuda:
+        refuse = one_wave_reason(x.shape, lambda sms: rows_per_program(B, H, W, sms), sm_count(x.device))
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, upsample, plan(C, C, upsample)),
+                          lambda c, wp, pdl: launch(c.x, wp, c.b, c.out, relu, pdl), tuple(x.shape))
+
+
+def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
+    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+
+conv_op.register(NAME, launch_conv)

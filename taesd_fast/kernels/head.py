@@ -20,6 +20,7 @@ clipped at the true image border, which is exactly what conv_n128 gives on the m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -27,14 +28,15 @@ from einops import rearrange
 from torch import Tensor
 
 from .derived import derived as _derived
+from .head_g_layout import GC  # g channels per pixel (9 taps x 12 outputs, padded)
 
-GC = 112  # g channels: 9 taps x 12 outputs = 108, padded so each g pixel starts 16-byte aligned
 _CL3D = torch.channels_last_3d
 
 __all__ = [
     "GC", "conv_n128", "conv_n128_ref", "head_stencil", "head_stencil_ref", "launch_head_stencil", "pack_weight",
     "toeplitz_weight", "split_head_conv", "unpatchify", "stencil_defines", "head_stencil_cuda",
-    "spec_unsupported_reason", "spec_ready",
+    "spec_unsupported_reason", "spec_ready", "window_spec", "head_full_split", "head_full_spec_unsupported_reason",
+    "head_full_spec_ready",
 ]
 
 
@@ -406,3 +408,32 @@ def split_head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, band_rows: i
         g = conv_n128(x[:, :, :, max(lo - 1, 0): min(lo + rows + 1, h)], wp)
         out[:, :, :, lo * p: (lo + rows) * p].copy_(head_stencil(g, b32, t, lo, rows, h, 1, patch))
     return out
+
+
+# --------------------------------------------------------------------------- the whole head (kind "head_full")
+
+
+def window_spec(spec):
+    """The split conv's spec inside a head_full call: the causal window has 2 more frames than the features (the
+    patch selects the stencil kernel that writes the video)."""
+    b, c, t, h, w = spec.x_shape
+    return dataclasses.replace(spec, kind="head", x_shape=(b, c, t + 2, h, w), stride=1, residual=False, relu=False)
+
+
+def head_full_spec_unsupported_reason(spec) -> str | None:
+    """Row "split_bf16" of kind head_full: PyTorch's norm + SiLU + window, then split_head_conv."""
+    if len(spec.x_shape) != 5:
+        return f"features {tuple(spec.x_shape)}: expected [B, C, T, H, W]"
+    return spec_unsupported_reason(window_spec(spec))
+
+
+def head_full_spec_ready(spec) -> bool:
+    return spec_ready(window_spec(spec))
+
+
+def head_full_split(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+                    patch: int = 0) -> tuple[Tensor, Tensor]:
+    """The head_full signature: (unpatchify(clamp(conv3d([cache | silu(rms_norm(x))]), -1, 1)), new cache), the
+    norm, SiLU and window in PyTorch and the conv by split_head_conv."""
+    window = causal_window(activate(x, gamma, eps), cache)
+    return split_head_conv(window, weight, bias, patch=patch), window[:, :, -2:]

@@ -2,10 +2,9 @@
 
     window[:, :, :2] = cache (or zeros);  window[:, :, 2:] = bf16(silu(bf16(rms_norm_fp32(features))))
 
-The window is NCDHW and contiguous, which is what split_head_conv's cuBLAS form reads in place, so the whole
-head is this kernel + conv_n128 + head_stencil. Eager PyTorch spends ~4 ms on the norm, SiLU and cat at the
-Wan chunk size; this kernel moves 461 MB in and 461 MB out (~0.22 ms at 4.24 TB/s), and the cache copy 231 MB
-each way (~0.11 ms). Predicted before measuring: ~0.35 ms + the split conv's 0.61 ms = ~0.95 ms.
+Row "triton_norm_split" (kind head_full): this kernel, then split_head_conv. The window is NCDHW and contiguous,
+which is what split_head_conv's cuBLAS form reads in place, so the whole head is this kernel + conv_n128 +
+head_stencil, where eager PyTorch spends most of the head's time on the norm, SiLU and cat (each a full pass).
 
 One program: BLOCK_P pixels of one frame, all C channels in BK-channel chunks, read twice (sum of squares,
 then activate); the second read mostly hits L2.
@@ -19,7 +18,10 @@ import torch
 from torch import Tensor
 
 from . import head as _split
-from .head_fused import _TRITON_REASON, _shape_reason, per_sample_offsets_fit, scaled_gamma, triton, tl
+from .head_fused import _shape_reason, per_sample_offsets_fit, scaled_gamma
+from .triton_import import TRITON_ERROR, tl, triton
+
+NAME = "triton_norm_split"
 
 POISON = False  # tests set this: NaN-fill the window before the kernel, so an unwritten element shows
 
@@ -49,8 +51,8 @@ if triton is not None:
 
 
 def unsupported_reason(x_shape, dtype, device_type: str) -> str | None:
-    if _TRITON_REASON is not None:
-        return _TRITON_REASON
+    if TRITON_ERROR is not None:
+        return TRITON_ERROR
     if device_type != "cuda":
         return "needs a CUDA tensor"
     if dtype != torch.bfloat16:
@@ -66,7 +68,7 @@ def unsupported_reason(x_shape, dtype, device_type: str) -> str | None:
 def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps: float,
                      block_p: int = 128, bk: int = 64, num_warps: int = 4) -> Tensor:
     """[cache | silu(rms_norm(features))] as one contiguous NCDHW bf16 tensor [B, C, T+2, H, W].
-    Default config: best of scripts/sweep_head_act.py on the H200 (0.629 ms at the Wan chunk size, 2.9 TB/s)."""
+    Default config: the best of a sweep on the H200 (about 2.9 TB/s at the Wan chunk size)."""
     b, c, t, h, w = features.shape
     if features.stride(4) != 1 or features.stride(3) != w:  # pixels of a frame must be one contiguous run
         features = features.contiguous()
@@ -111,3 +113,19 @@ def head_full_norm_split(x: Tensor, cache: Tensor | None, gamma: Tensor, weight:
     window = activated_window_op(x, cache, gamma, eps)
     return _split.split_head_conv(window, weight, bias, patch=patch), window[:, :, -2:]
 
+
+def spec_unsupported_reason(spec) -> str | None:
+    """Row "triton_norm_split": this kernel's rule on the features, then split_head_conv's on the window."""
+    if not spec.device.startswith("cuda"):
+        return "CPU tensor"
+    return (unsupported_reason(spec.x_shape, spec.dtype, spec.device.split(":")[0])
+            or _split.head_full_spec_unsupported_reason(spec))
+
+
+def spec_ready(spec) -> bool:
+    """True once the stencil for the window is loaded. The Triton activation kernel is not tracked: a size it never
+    ran with may still compile on first launch (the dispatcher times every shape, so runs it, before a capture)."""
+    return _split.head_full_spec_ready(spec)
+
+
+run = head_full_norm_split

@@ -1,52 +1,47 @@
-"""The fused head's g kernel in CUDA C++ for Hopper (csrc/head_g_sm90.cu, compiled with NVRTC for sm_90a): the Gluon
-kernel's contract (head_wgmma.py: same inputs, g and new cache), with g's 112 columns in one m64n112k16 wgmma per tap
-and k-step, both operands in shared memory (the activated frame box is the transposed A operand as it lies; Gluon's
-power-of-two shapes cut the columns 64 + 32 + 16, with the frame loaded into registers for each). head_fused runs it
-where `reason` is None and falls back to the Gluon kernel, with one warning, if it cannot compile or launch.
+"""The fused head's g kernel in CUDA C++ for Hopper (row "cuda_fused"; csrc/head_g_sm90.cu, compiled with NVRTC for
+sm_90a): the Gluon kernel's contract (head_wgmma.py: same inputs, g and new cache), with g's 112 columns in one
+m64n112k16 wgmma per tap and k-step, both operands in shared memory (the activated frame box is the transposed A
+operand as it lies; Gluon's power-of-two shapes cut the columns 64 + 32 + 16, with the frame loaded into registers
+for each).
 
-Predicted before it ran (H200, the Wan chunk: B=1, C=256, T=4 + 2 cached, 352x640): 0.30-0.40 ms, HBM-bound (1125 MB
-moved, 0.27 ms at the copy ceiling); tensor cores ~0.15 ms at peak, shared memory ~0.16 ms (each m64n112k16 reads 5.5 KB
-of operands), the activation ~0.07 ms of issue per SM. Measured (BENCHMARKS.md, runs DD1-DD7, EE1-EE11, FF1-FF12,
-GG1-GG9): 0.614 ms first, now 0.41 against the Gluon kernel's 0.66 (0.187 vs 0.222 at T=1), after three fixes that
-Nsight Compute and the probe (scripts/head_cuda_probe.py) pointed at: the per-pixel sum of squares as one reduce-scatter
-across the warp (it was 40% of the activation warps' stall samples), g stored as 8-byte pairs filling whole sectors, and
-two rings instead of one (the weights fill 168 of the 227 KB of shared memory; the 7 slots left hold under two frames,
-and with one ring a slot stayed taken from its load through the frame's norm, activation and MMAs). Now the activation
-warps wait for the MMA warpgroup (run FF7), which stores g between frames with the tensor pipe drained (probe "no g
-store": 0.29 of 0.42 ms, run FF12), and the raw ring's depth limits the loads (one raw slot fewer: +23%); chaining the
-wgmmas (one warpgroup.arrive per tap instead of one per wgmma) changed nothing (run FF11). Not kept: a 2-CTA cluster
-splitting the weights (0.62 ms: both CTAs activate every frame), g staged for TMA stores, g stored while the next
-frame's MMAs run (a fourth accumulator: 0.49 ms; or between taps: 0.47 ms), the activation warps in two groups taking
-alternate frames (0.51-0.56 ms, runs GG1-GG2), two MMA warpgroups of 56 columns each (0.60 ms, run GG4); g stored in the
-accumulators' own layout (3-5% faster alone, run GG9; the stencil would need a reader for it).
+Design points: the per-pixel sum of squares is one reduce-scatter across the warp; g is stored as 8-byte pairs that
+fill whole sectors; the frames stream through two rings (raw and activated), because the weights fill 168 of the
+227 KB of shared memory and with one ring a slot stayed taken from its load through the frame's norm, activation
+and MMAs. The MMA warpgroup stores g between frames with the tensor pipe drained.
+
+Covers C a multiple of 64 up to 256, C_out <= 12, any T, H*W a multiple of 8 (TMA strides), sm_90 with NVRTC.
+Tensors whose frames are not 16-byte aligned are copied to contiguous ones first. A compile or launch failure is
+remembered: a warning once, the call raises, and from then on the row's rule names the failure.
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
 from torch import Tensor
 
 from .. import _backend
-from .head_wgmma import frames_layout, tma_alignment_reason
+from . import head_fused
+from .device import capability, sm_count
+from .head_g_layout import GC as G
+from .tma_pdl import frames_layout, frames_tma_reason
 
+NAME = "cuda_fused"
 SOURCE, KERNEL = "head_g_sm90.cu", "head_g_sm90"
-G = 112  # g channels (head.GC)
 BLOCK_P = 64  # pixels per tile
 CHUNK = 64  # channels per ring slot
 SMEM_LIMIT = 232448  # sm_90's opt-in shared memory per block
 MAX_SLOTS = 12
-ACT_SLOTS = 3  # of the slots, those holding activated chunks for the MMAs (2: 0.51 ms, 4: 0.49, 3: 0.41; run FF6)
+ACT_SLOTS = 3  # of the slots, those holding activated chunks for the MMAs (3 measured best of 2-4)
 
 _failure: list[str] = []  # why it could not compile or launch in this process, once it could not
 
 
 def give_up(error: Exception) -> None:
-    """Called when compiling or launching failed: every later call takes the Gluon kernel, with one warning."""
+    """Called when compiling or launching failed: one warning; the row's rule names the failure from then on."""
     _failure.append(f"{type(error).__name__}: {error}")
-    warnings.warn(f"taesd_fast: the CUDA head kernel is unavailable ({_failure[0]}); using the Gluon kernel",
+    warnings.warn(f"taesd_fast: the CUDA head kernel is unavailable ({_failure[0]}); other kernels run instead",
                   RuntimeWarning, stacklevel=3)
 
 
@@ -61,14 +56,10 @@ def _smem(c: int) -> int:
     return 3 * (c // CHUNK) * G * 128 + _slots(c) * (CHUNK * BLOCK_P * 2 + 24) + 8 + 1024
 
 
-def _arch(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
 def shape_reason(c: int, h: int, w: int, device: torch.device | str) -> str | None:
     """Why contiguous features of this shape cannot take the kernel, or None (any frame count T: it is an argument)."""
     device = torch.device(device)
-    if device.type != "cuda" or _arch(device) != (9, 0):
+    if device.type != "cuda" or capability(device) != (9, 0):
         return "needs an sm_90 GPU (wgmma, setmaxnreg: compiled for sm_90a)"
     if c % CHUNK or c > 256:
         return f"C={c} (needs a multiple of {CHUNK} up to 256: the weights stay in shared memory)"
@@ -79,18 +70,16 @@ def shape_reason(c: int, h: int, w: int, device: torch.device | str) -> str | No
     return None
 
 
-def reason(features: Tensor, cache: Tensor | None) -> str | None:
-    """Why these flat-pixel bf16 tensors cannot take the kernel, or None."""
+def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
+    """Why these flat-pixel bf16 tensors cannot take the kernel as they are, or None."""
     _, c, _, h, w = features.shape
     why = shape_reason(c, h, w, features.device)
     if why is None and _failure:
         why = _failure[0]
-    if why is None:
-        why = tma_alignment_reason(features, cache) or _backend.kernels_unavailable_reason(features.device)
-    if why is None and features.is_cuda and torch.cuda.is_current_stream_capturing() and not spec_ready(
-            features.device, c):
-        why = "not compiled before this CUDA-graph capture"
-    return why
+    return why or frames_tma_reason(features, cache) or _backend.kernels_unavailable_reason(features.device)
+
+
+reason = unsupported_reason  # the name the CPU tests and tools use
 
 
 def _defines(c: int) -> dict[str, int]:
@@ -104,7 +93,7 @@ def spec_ready(device, c: int) -> bool:
 
 
 def _frames_map(x: Tensor, frames: int):
-    """TMA descriptor over x's frames (head_wgmma.frames_layout, innermost first), boxes of 64 pixels x 64 channels
+    """TMA descriptor over x's frames (tma_pdl.frames_layout, innermost first), boxes of 64 pixels x 64 channels
     of one frame."""
     shape, strides = frames_layout(x, frames)
     return _backend.tensor_map(x, shape[::-1], strides[-2::-1], [BLOCK_P, 1, CHUNK, 1])
@@ -124,11 +113,30 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     tiles = -(-(h * w) // BLOCK_P)
     nc_map = _frames_map(new_cache, 2)
     kernel = _backend.get_kernel(source, KERNEL, _defines(c), device=features.device)
-    grid = min(b * tiles, _sm_count(features.device))
+    grid = min(b * tiles, sm_count(features.device))
     args = [x_map, c_map, w_map, nc_map, gs, g, h * w, b * tiles, tiles, t, int(cache is not None), float(eps)]
     kernel((grid,), (kernel.max_threads,), args, smem=_smem(c))  # the source's __launch_bounds__ sets the block
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+# --------------------------------------------------------------------------- the row
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """Row "cuda_fused" (kind head_full): the fused head's contract (head_fused), shape_reason, no earlier failure
+    (NVRTC itself is checked by the dispatcher for rows marked nvrtc)."""
+    reason = head_fused.contract_spec_reason(spec, needs_triton=False)
+    if reason is None:
+        b, c, t, h, w = spec.x_shape
+        reason = shape_reason(c, h, w, spec.device) or (_failure[0] if _failure else None)
+    return reason
+
+
+def row_ready(spec) -> bool:
+    """True once the kernel for C and the stencil are loaded: safe inside a CUDA-graph capture."""
+    return head_fused.stencil_ready(spec) and spec_ready(spec.device, spec.x_shape[1])
+
+
+def run(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+        patch: int = 0) -> tuple[Tensor, Tensor]:
+    """The head_full signature, with this g kernel."""
+    return head_fused.head_full_variant(x, cache, gamma, weight, bias, eps, patch, head_fused.CUDA_SM90)

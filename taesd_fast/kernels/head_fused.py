@@ -1,8 +1,9 @@
 """Fused Wan head: RMS norm + SiLU + causal temporal GEMM straight from the raw features (one "g kernel"), then the
-existing 9-tap stencil (taesd_fast::head_stencil) for bias + spatial taps + clamp. On sm_90 the g kernel is the CUDA
-C++ one in head_cuda.py (variant "cuda_sm90": 0.411 ms at the Wan chunk size, T=4 + 2 cached; 0.187 at T=1), else
-the Gluon one in head_wgmma.py (variant "wgmma": 0.685 and 0.222 ms there, BENCHMARKS.md run FF9);
-elsewhere, or where neither can run, one of the two Triton kernels below. DEFAULT_CONFIG's "auto" chooses.
+9-tap stencil (taesd_fast::head_stencil) for bias + spatial taps + clamp. Three g kernels share this module's contract,
+weights and stencil glue, each its own dispatch row:
+  * "triton_fused": the Triton kernels below (any CUDA GPU Triton runs on; also under TRITON_INTERPRET=1);
+  * "gluon_fused": head_wgmma.py (Gluon, sm_90);
+  * "cuda_fused": head_cuda.py (CUDA C++ via NVRTC, sm_90).
 
     A_s = cache[:, :, s]                                   s < 2   (the activated causal frames)
         = bf16(silu(bf16(rmsnorm_fp32(features[:, :, s-2]))))   s >= 2
@@ -11,49 +12,28 @@ elsewhere, or where neither can run, one of the two Triton kernels below. DEFAUL
                                        the video [B, 12/p², T, H*p, W*p], which the stencil writes directly
     new_cache = A_T, A_{T+1}           [B, C, 2, H, W] bf16, what OutputHead returns as its cache
 
-Wk [3, C, 128] bf16 is pack_weight's layout (n = (i*3+j)*12 + c, 112 used columns) transposed per tap and padded
-to 128 columns with zeros, because tl.dot needs a power-of-two N; only the 112 columns of g are stored.
+Wk [3, C, 128] bf16 is pack_weight's layout (n = (i*3+j)*12 + c, 112 used columns: head_g_layout) transposed per tap
+and padded to 128 columns with zeros, because tl.dot needs a power-of-two N; only the 112 columns of g are stored.
 Features are NCDHW, so a [BLOCK_M pixels, BK channels] tile of one frame is contiguous along the pixels. The norm
 needs all C channels before any can be activated, so each frame is read twice in BK-channel chunks: once for the
 sum of squares, once to activate and feed tl.dot (the second read mostly hits L2). Holding the whole
-[BLOCK_M, 256] tile instead spilled registers heavily (sm_90 compile: 1.4-11 KB of stack per thread).
+[BLOCK_M, 256] tile instead spilled registers heavily.
 
-Two variants of the g kernel (same maths, same results up to fp32 summation order inside tl.dot):
+Two Triton variants of the g kernel (same maths, same results up to fp32 summation order inside tl.dot):
   * "roll": one program per (pixel block, batch) walks the window frames once. Each frame is loaded and
     activated once and feeds three accumulators (output frames s-2, s-1, s); the finished one is stored.
-    Three [BLOCK_M, 128] fp32 accumulators: ~224-254 registers at BLOCK_M=64 / 8 warps, 1 CTA per SM.
-  * "per_t": one program per (output frame, pixel block, batch), three taps each, as in the first design;
-    the T programs of a pixel block are adjacent in the grid so their shared frames come from L2. Each
-    feature frame is activated up to 3 times (2.25x the ALU/SFU work at T=4). One accumulator: 128 registers
-    at BLOCK_M=64 / 8 warps (2 CTAs per SM), 224 at BLOCK_M=128.
+  * "per_t": one program per (output frame, pixel block, batch), three taps each; the T programs of a pixel block
+    are adjacent in the grid so their shared frames come from L2. Each feature frame is activated up to 3 times.
 Both write the new cache from the tiles they already hold (no extra pass over the features).
 
-Predicted times on an H200 at the benchmark shape (B=1, C=256, T=4, 352x640, cache given), before measuring:
-  * mma: 2*T*H*W*768*112 = 155 GFLOP useful, 177 GFLOP as computed (N padded to 128): 0.26 ms at the
-    ~689 TFLOP/s measured for a plain fp16 GEMM.
-  * HBM: features 461 MB + cache 231 MB read once = 0.163 ms; g 202 MB written + read back and the new
-    cache 231 MB written = ~0.15 ms more at 4.24 TB/s (the stencil's output, 22 MB, is noise).
-  * activation: per pixel-frame 256 x (~12 ALU ops + exp + reciprocal): ~0.1 ms of SFU time per pass.
-  * L2 -> SM traffic, likely the real limit: the weights do not stay on chip, every tap of every frame tile
-    reloads 64 KB of Wk. At BLOCK_M=64: roll reads 2.5 GB of weights + 1.1 GB of frames (two passes);
-    per_t 2.7 GB + 2.4 GB (BLOCK_M=128 halves the weight part). At ~8 TB/s of L2 bandwidth that is ~0.45 ms
-    (roll) and ~0.65 ms (per_t, 0.5 ms at BLOCK_M=128).
-  "roll"  + stencil (~0.06 ms): 0.5-0.65 ms expected.
-  "per_t" + stencil: 0.6-0.8 ms expected (0.55 ms if BLOCK_M=128 runs well).
-  A third variant doing the 3x3 stencil in the same kernel (g on chip, 1-row/1-col halo recomputed) would save
-  the g round trip (~0.1 ms of HBM) for ~25% more GEMM and weight traffic at 8-row tiles: ~0.45-0.55 ms, so
-  not worth building before the weight traffic above is measured. Not built.
-
-The op `taesd_fast::fused_head` runs the Triton kernel for CUDA bf16 tensors only and raises ValueError for
-anything else; `fused_head_ref` is its PyTorch twin (any device, any float dtype). `launch_head_g` is the raw
-g-kernel launch (CPU tensors work under TRITON_INTERPRET=1, which is how the CPU tests run it). Under the
-interpreter two helpers (_bf16, _dot) take another route, because triton 3.9's interpreter truncates fp32->bf16
-casts and multiplies bf16 operands as raw integer bits: rounding is done on the bits and dot operands are widened
-to fp32 (exact products, same sums). The GPU path uses the native cvt.rn and bf16 tl.dot, so the CPU tests check
-indexing, masking, the algorithm and where it rounds, not the GPU instruction selection.
-
-Dispatch: `head_full_triton(x, cache, gamma, weight, bias, eps)` has dispatch.head_full's signature;
-`spec_unsupported_reason(spec)` / `spec_ready(spec)` are the Candidate hooks for kind "head_full".
+The op `taesd_fast::fused_head` (variant "auto": the CUDA, then the Gluon, then the Triton g kernel, the first that
+runs the call; or a named one) runs on CUDA bf16 tensors only and raises ValueError for anything else;
+`fused_head_ref` is its PyTorch twin (any device, any float dtype). `launch_head_g` is the raw Triton g-kernel launch
+(CPU tensors work under TRITON_INTERPRET=1, which is how the CPU tests run it). Under the interpreter two helpers
+(_bf16, _dot) take another route, because triton 3.9's interpreter truncates fp32->bf16 casts and multiplies bf16
+operands as raw integer bits: rounding is done on the bits and dot operands are widened to fp32 (exact products,
+same sums). The GPU path uses the native cvt.rn and bf16 tl.dot, so the CPU tests check indexing, masking, the
+algorithm and where it rounds, not the GPU instruction selection.
 """
 
 from __future__ import annotations
@@ -63,27 +43,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import head as _split
-from . import head_cuda, head_wgmma
-from .derived import derived  # GC, pack_weight, head_stencil(_ref), the derived-tensor cache
+from .derived import derived  # the derived-tensor cache
+from .head_g_layout import CAUSAL, GC
+from .tma_pdl import frames_tma_reason
+from .triton_import import TRITON_ERROR as _TRITON_REASON
+from .triton_import import tl, triton
 
-try:  # Triton is optional: the module (op registration, twin, checks) must import without it.
-    import triton
-    import triton.language as tl
-
-    _TRITON_REASON: str | None = None
-except Exception as err:  # noqa: BLE001  ImportError, or a broken install raising something else
-    triton = tl = None
-    _TRITON_REASON = f"triton is not importable ({type(err).__name__}: {err})"
-
-GC = _split.GC  # 112 g channels stored per pixel
+NAME = "triton_fused"
 N_PAD = 128  # g channels computed (tl.dot needs a power of two)
-CAUSAL = 2
 VARIANTS = ("roll", "per_t")  # the Triton kernels (they also run under TRITON_INTERPRET=1)
 HOPPER = "wgmma"  # the Gluon kernel (head_wgmma.py), sm_90 only
 CUDA_SM90 = "cuda_sm90"  # the CUDA C++ kernel (head_cuda.py), sm_90 only
 # "auto": the CUDA kernel where head_cuda supports the call, else the Gluon kernel where head_wgmma does, else
-# "roll" with the Triton config below, the best of scripts/bench_head_fused.py's sweep on the H200 (2026-11-29):
-# 1.615 ms at the Wan chunk size.
+# "roll" with the Triton config below (the best of a sweep on the H200).
 DEFAULT_CONFIG = {"variant": "auto", "block_m": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}
 POISON = False  # tests set this: NaN-fill g and the new cache before the kernel, so unwritten elements show
 
@@ -91,14 +63,14 @@ __all__ = [
     "VARIANTS", "DEFAULT_CONFIG", "triton_available", "triton_unavailable_reason", "pack_weight_taps",
     "pack_weight_taps_t",
     "check_fused_head", "fused_head_unsupported_reason", "launch_head_g", "fused_head", "fused_head_ref",
-    "fused_head_with", "activate_ref", "set_default_config", "head_full_triton", "spec_unsupported_reason",
-    "spec_ready",
+    "fused_head_with", "activate_ref", "set_default_config", "head_full_triton", "head_full_variant", "run",
+    "contract_spec_reason", "spec_unsupported_reason", "spec_ready", "stencil_ready",
 ]
 
 
 def set_default_config(**config) -> None:
     """Set the kernel config fused_head uses (variant, block_m, block_k, num_warps, num_stages), e.g. the winner of
-    scripts/bench_head_fused.py. Unknown keys raise."""
+    a benchmark sweep. Unknown keys raise."""
     unknown = set(config) - set(DEFAULT_CONFIG)
     if unknown:
         raise ValueError(f"set_default_config: unknown keys {sorted(unknown)}; expected {sorted(DEFAULT_CONFIG)}")
@@ -201,14 +173,14 @@ def _shape_reason(c: int, t: int, h: int, w: int) -> str | None:
     return None
 
 
-def _kernel_reason(c: int, dtype: torch.dtype, device_type: str) -> str | None:
+def _kernel_reason(c: int, dtype: torch.dtype, device_type: str, needs_triton: bool = True) -> str | None:
     if device_type != "cuda":
         return f"needs CUDA tensors, got {device_type} (fused_head_ref runs anywhere)"
     if dtype != torch.bfloat16:
         return f"needs torch.bfloat16 features, got {dtype}"
     if c < 16 or c > 256 or c & (c - 1):
         return f"needs C a power of two in [16, 256] (a program holds all channels of its pixels), got C={c}"
-    return _TRITON_REASON
+    return _TRITON_REASON if needs_triton else None
 
 
 def fused_head_unsupported_reason(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor,
@@ -489,26 +461,52 @@ def _contiguous_ints(c: int, t: int, h: int, w: int, has_cache: bool) -> tuple:
     return (t, hw, *x, *((c * 2 * hw, 2 * hw, hw) if has_cache else x))
 
 
+def _hopper_module(variant: str):
+    """head_cuda or head_wgmma, imported when first named. They import this module for the shared glue, so this is
+    a call-time import (tests/test_import_graph.py reports it); the op and "auto" need to reach them."""
+    from . import head_cuda, head_wgmma
+
+    return {CUDA_SM90: head_cuda, HOPPER: head_wgmma}[variant]
+
+
 def _variant(variant: str, features: Tensor, cache: Tensor | None) -> str:
     """The g kernel for a config's variant: "auto" takes the first of the CUDA, Gluon and Triton kernels that runs
-    the call; CUDA_SM90 and HOPPER insist on theirs."""
-    if variant not in ("auto", CUDA_SM90, HOPPER):
+    the call as it is; a named variant is returned as it is (fused_head_with checks it)."""
+    if variant != "auto":
         return variant
-    for name, why in ((CUDA_SM90, lambda: head_cuda.reason(features, cache)),
-                      (HOPPER, lambda: head_wgmma.unsupported_reason(features, cache))):
-        if variant in ("auto", name):
-            reason = why()
-            if reason is None:
-                return name
-            if variant == name:
-                raise ValueError(f"fused_head: variant {name!r} cannot run this call: {reason}")
+    for name in (CUDA_SM90, HOPPER):
+        if _hopper_module(name).unsupported_reason(features, cache) is None:
+            return name
     return "roll"
+
+
+def _hopper_operands(variant: str, features: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """features and cache for a named Hopper g kernel: ValueError where its shape rule refuses the call; contiguous
+    copies where only the frames' alignment is wrong (TMA needs 16-byte aligned bases and strides)."""
+    mod = _hopper_module(variant)
+    b, c, t, h, w = features.shape
+    why = mod.shape_reason(c, t, h, w, features.device) if variant == HOPPER else mod.shape_reason(c, h, w,
+                                                                                                 features.device)
+    if why is None and variant == CUDA_SM90 and mod._failure:
+        why = mod._failure[0]
+    if why is not None:
+        raise ValueError(f"fused_head: variant {variant!r} cannot run this call: {why}")
+    if frames_tma_reason(features, cache) is not None:
+        features, cache = _dense_aligned(features), None if cache is None else _dense_aligned(cache)
+    return features, cache
+
+
+def _dense_aligned(t: Tensor) -> Tensor:
+    """t as a contiguous tensor with a 16-byte aligned base (a fresh copy where t is not one already)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
                     eps: float, scale: float, config: dict | None = None, patch: int = 0) -> tuple[Tensor, Tensor]:
     """fused_head with an explicit kernel config (variant, block_m, num_warps, num_stages; the sm_90 variants
-    "cuda_sm90" and "wgmma", which "auto" prefers, have no other settings); the bench sweeps it."""
+    "cuda_sm90" and "wgmma", which "auto" prefers, have no other settings); the bench sweeps it. A named variant
+    runs or raises ValueError naming why it cannot; "auto" takes the first that runs."""
     check_fused_head(features, cache, gamma, weight, bias)
     b, c, t, h, w = features.shape
     reason = _kernel_reason(c, features.dtype, features.device.type)
@@ -519,7 +517,13 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     features = _flat_pixels(features)
     cache = None if cache is None else _flat_pixels(cache)
+    auto = cfg["variant"] == "auto"
     cfg["variant"] = _variant(cfg["variant"], features, cache)
+    if cfg["variant"] in (CUDA_SM90, HOPPER):
+        features, cache = _hopper_operands(cfg["variant"], features, cache)
+    elif cfg["variant"] not in VARIANTS:
+        raise ValueError(f"fused_head: variant must be one of {('auto', CUDA_SM90, HOPPER, *VARIANTS)}, "
+                         f"got {cfg['variant']!r}")
     wk, b32, gs = _derived_weights(weight, bias, gamma, scale, cfg["variant"])
     g = features.new_empty((b, t, h, w, GC))
     new_cache = features.new_empty((b, c, CAUSAL, h, w))
@@ -528,13 +532,16 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
         new_cache.fill_(float("nan"))
     with torch.cuda.device(features.device):  # Triton launches on the current stream of the current device
         if cfg["variant"] == CUDA_SM90:
+            head_cuda = _hopper_module(CUDA_SM90)
             try:
                 head_cuda.launch(features, cache, gs, wk, g, new_cache, eps)
-            except RuntimeError as err:  # NVRTC or the driver refused it: the next kernel from now on
+            except RuntimeError as err:  # NVRTC or the driver refused it: remembered (the row's rule says so)
                 head_cuda.give_up(err)
+                if not auto:
+                    raise
                 return fused_head_with(features, cache, gamma, weight, bias, eps, scale, config, patch)
         elif cfg["variant"] == HOPPER:
-            head_wgmma.launch(features, cache, gs, wk, g, new_cache, eps)
+            _hopper_module(HOPPER).launch(features, cache, gs, wk, g, new_cache, eps)
         else:
             launch_head_g(features, cache, gs, wk, g, new_cache, eps, **cfg)
     # The stencil op's CUDA implementation, called directly: this is already inside an op.
@@ -543,26 +550,40 @@ def fused_head_with(features: Tensor, cache: Tensor | None, gamma: Tensor, weigh
 
 @torch.library.custom_op("taesd_fast::fused_head", mutates_args=())
 def fused_head(features: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
-               eps: float, scale: float, patch: int = 0) -> tuple[Tensor, Tensor]:
+               eps: float, scale: float, patch: int = 0, variant: str = "auto") -> tuple[Tensor, Tensor]:
     """OutputHead in two kernels: features [B, C, T, H, W] (raw, before the RMS norm), cache [B, C, 2, H, W]
     (activated; None = first chunk, zero frames) -> (out [B, C_out, T, H, W] bf16 channels_last_3d clamped to
     [-1, 1], or with patch p >= 1 the video kernels.head.unpatchify(out, p) contiguous; new_cache [B, C, 2, H, W]
-    contiguous). CUDA bf16 only."""
-    return fused_head_with(features, cache, gamma, weight, bias, eps, scale, patch=patch)
+    contiguous). CUDA bf16 only. variant: the g kernel ("auto", "cuda_sm90", "wgmma", "roll", "per_t")."""
+    return fused_head_with(features, cache, gamma, weight, bias, eps, scale, {"variant": variant}, patch)
+
+
+def head_full_variant(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
+                      eps: float, patch: int, variant: str) -> tuple[Tensor, Tensor]:
+    """dispatch.head_full's signature with one g kernel: (unpatchify(clamp(conv3d([cache | silu(rms_norm(x))]),
+    -1, 1)), new cache), with rms_norm's scale sqrt(C) (kernels.head.rms_norm). Traced as the op; an eager call
+    skips the op layer (its Python is a noticeable part of an eager call's host time) and runs what the op would."""
+    if torch.compiler.is_compiling():
+        return fused_head(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5, patch, variant)
+    return fused_head_with(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5, {"variant": variant}, patch)
+
+
+def _triton_variant() -> str:
+    return DEFAULT_CONFIG["variant"] if DEFAULT_CONFIG["variant"] in VARIANTS else "roll"
 
 
 def head_full_triton(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None,
                      eps: float, patch: int = 0) -> tuple[Tensor, Tensor]:
-    """dispatch.head_full's signature: (unpatchify(clamp(conv3d([cache | silu(rms_norm(x))]), -1, 1)), new cache),
-    with rms_norm's scale sqrt(C) (kernels.head.rms_norm). Traced as the op; an eager call skips the op layer (its
-    Python is ~15% of an eager call's host time, run GG8) and runs what the op would run."""
-    if torch.compiler.is_compiling():
-        return fused_head(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5, patch)
-    return fused_head_with(x, cache, gamma, weight, bias, eps, x.shape[1] ** 0.5, patch=patch)
+    """Row "triton_fused"'s run: head_full_variant with the Triton g kernel (DEFAULT_CONFIG's, "roll" unless set)."""
+    return head_full_variant(x, cache, gamma, weight, bias, eps, patch, _triton_variant())
 
 
-def spec_unsupported_reason(spec) -> str | None:
-    """For a dispatch.Spec of kind "head_full" (x_shape = features [B, C, T, H, W]; spec.residual = cache given)."""
+run = head_full_triton
+
+
+def contract_spec_reason(spec, needs_triton: bool = True) -> str | None:
+    """The fused head's rule for a dispatch.Spec of kind "head_full" (x_shape = features [B, C, T, H, W];
+    spec.residual = cache given), shared by the three g-kernel rows. needs_triton=False for the CUDA g kernel."""
     if len(spec.x_shape) != 5 or len(spec.w_shape) != 5 or tuple(spec.w_shape[2:]) != (3, 3, 3):
         return "needs features [B, C, T, H, W] and weight [C_out, C, 3, 3, 3]"
     b, c, t = spec.x_shape[:3]
@@ -570,33 +591,38 @@ def spec_unsupported_reason(spec) -> str | None:
         return f"needs weight [C_out, {c}, 3, 3, 3] with 9*C_out <= {GC}"
     if max(b, t) > 65535:
         return "B or T > 65535"
-    return _shape_reason(c, t, *spec.x_shape[3:]) or _kernel_reason(c, spec.dtype, spec.device.split(":")[0])
+    return _shape_reason(c, t, *spec.x_shape[3:]) or _kernel_reason(c, spec.dtype, spec.device.split(":")[0],
+                                                                   needs_triton)
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """Row "triton_fused": the contract, with Triton."""
+    return contract_spec_reason(spec)
+
+
+def stencil_ready(spec) -> bool:
+    """True once the stencil for this spec (C_out, patch) is loaded on its device."""
+    from .. import _backend
+
+    defines = _split.stencil_defines(spec.w_shape[0], patch=spec.patch)
+    return _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
 
 
 def spec_ready(spec, config: dict | None = None) -> bool:
-    """True once this shape's Triton kernel (contiguous inputs, the default config) and the stencil are loaded:
+    """True once this shape's Triton g kernel (contiguous inputs, the default config) and the stencil are loaded:
     launching then compiles nothing, so it is safe inside a CUDA-graph capture."""
-    from .. import _backend
-
     b, c, t, h, w = spec.x_shape
     cfg = {**DEFAULT_CONFIG, **(config or {})}
-    defines = _split.stencil_defines(spec.w_shape[0], patch=spec.patch)
-    stencil_ready = _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
-    if (cfg["variant"] in ("auto", CUDA_SM90) and not head_cuda._failure
-            and head_cuda.shape_reason(c, h, w, spec.device) is None):
-        return stencil_ready and head_cuda.spec_ready(spec.device, c)
-    if cfg["variant"] in ("auto", HOPPER) and head_wgmma.shape_reason(c, t, h, w, spec.device) is None:
-        return stencil_ready and head_wgmma.spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
-    if cfg["variant"] == "auto":
-        cfg["variant"] = "roll"
+    if cfg["variant"] not in VARIANTS:
+        cfg["variant"] = _triton_variant()
     key = _specialisation(spec.device, (cfg["variant"], cfg["block_m"], min(cfg["block_k"], c), cfg["num_warps"],
                                         cfg["num_stages"]), c, bool(spec.residual),
                           _contiguous_ints(c, t, h, w, bool(spec.residual)))
-    return key in _compiled and stencil_ready
+    return key in _compiled and stencil_ready(spec)
 
 
 @fused_head.register_fake
-def _fused_head_fake(features, cache, gamma, weight, bias, eps, scale, patch=0):
+def _fused_head_fake(features, cache, gamma, weight, bias, eps, scale, patch=0, variant="auto"):
     check_fused_head(features, cache, gamma, weight, bias)
     b, c, t, h, w = features.shape
     out = _split._new_out(features, b, weight.shape[0], t, h, w, patch)

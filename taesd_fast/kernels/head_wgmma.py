@@ -24,32 +24,29 @@ stream through a ring of NSLOT 8 KB slots (7 fit beside the weights), each as C/
     registers) spilled 504 bytes; split, the kernel spills 184 (T = 4), no wgmma is serialised, and the narrow
     pieces run beside the wide ones.
 
-Predicted (written before it ran; H200, B=1, C=256, T=4 + 2 cached, 352x640): HBM-bound, 0.32-0.38 ms (1125 MB
-moved, 0.27 ms at the copy ceiling; ~10.7k cycles of MMA against ~17.8k of HBM share per tile). Measured
-(BENCHMARKS.md, runs H6-H10): 0.75 ms, 1.49 TB/s; 0.715 ms with SiLU through tanh (run V8); 0.657 ms with the
-second MMA warpgroup (run V10). What limited the one-warpgroup form (scripts/head_wgmma_probe.py): the loader
-alone streams the chunk at 0.35 ms; with the activation alone 0.58 ms; with the MMAs alone 0.66 ms, of which the
-32- and 16-column pieces cost 0.30 ms (a narrow wgmma costs about as much as a 64-column one, from registers or from
-shared memory); both together 0.75 ms. A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one
-frame, no prefetch.
+What limits it: the loader alone streams the chunk in about half the kernel's time; the activation and the MMAs
+each add to that, and the 32- and 16-column pieces cost about as much as 64-column ones (a narrow wgmma costs about
+as much as a wide one). A single 128-column piece would need 24 KB more of weights, leaving 4 slots: one frame, no
+prefetch.
 
 Covers C a multiple of 64 up to 256, C_out <= 12 (g's 112 columns), 1 <= T <= MAX_T, H*W a multiple of 8 and
-16-byte aligned strides (TMA), sm_90 with Gluon; `unsupported_reason` says why not, and head_fused then runs its
-Triton kernel.
+16-byte aligned strides (TMA), sm_90 with Gluon: row "gluon_fused" (spec_unsupported_reason, run, spec_ready). Tensors
+whose frames are not 16-byte aligned are copied to contiguous ones first.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
-from ._gluon import GLUON_ERROR as _GLUON_ERROR
-from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from .conv_tc import _capability
+from . import head_fused
+from .device import is_sm90, sm_count
+from .gluon_import import GLUON_ERROR as _GLUON_ERROR
+from .gluon_import import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from .head_g_layout import GC as G  # g channels: 9 spatial taps x 12 outputs, padded
+from .tma_pdl import frames_layout, frames_tma_reason
 
-G = 112  # g channels (head.GC): 9 spatial taps x 12 outputs, padded
+NAME = "gluon_fused"
 BLOCK_P = 64  # pixels per tile: one wgmma M
 CHUNK = 64  # channels per TMA box (128-byte rows)
 MAX_T = 16  # frames are unrolled at compile time
@@ -69,7 +66,7 @@ def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> 
     if _GLUON_ERROR is not None:
         return _GLUON_ERROR
     device = torch.device(device)
-    if device.type != "cuda" or _capability(device) != 9:
+    if not is_sm90(device):
         return "needs an sm_90 GPU (wgmma)"
     if c % CHUNK or c > 256:
         return f"C={c} (needs a multiple of {CHUNK} up to 256: the weights stay in shared memory)"
@@ -81,19 +78,10 @@ def shape_reason(c: int, t: int, h: int, w: int, device: torch.device | str) -> 
 
 
 def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
-    """Why these (flat-pixel) tensors cannot take the kernel, or None. Shapes as head_fused checks them."""
+    """Why these (flat-pixel) tensors cannot take the kernel as they are, or None. Shapes as head_fused checks them."""
     _, c, t, h, w = features.shape
     reason = shape_reason(c, t, h, w, features.device)
-    return reason if reason is not None else tma_alignment_reason(features, cache)
-
-
-def tma_alignment_reason(features: Tensor, cache: Tensor | None) -> str | None:
-    """Why the frames of these bf16 tensors cannot be TMA boxes (a base or a stride of size > 1 not 16-byte
-    aligned), or None. The CUDA head kernel (head_cuda.py) loads them the same way."""
-    for name, x in (("features", features), ("cache", cache)):
-        if x is not None and (x.data_ptr() % 16 or any(s % 8 for s, n in zip(x.stride()[:3], x.shape[:3]) if n > 1)):
-            return f"{name} is not 16-byte aligned in every stride (TMA)"
-    return None
+    return reason if reason is not None else frames_tma_reason(features, cache)
 
 
 if gluon is not None:
@@ -142,7 +130,7 @@ if gluon is not None:
     @gluon.jit
     def _silu(y):
         # y * sigmoid(y) = h + h * tanh(h), h = y / 2: one MUFU op per element where exp and a division take two
-        # (g kernel 0.750 -> 0.725 ms, the same error vs fp32: BENCHMARKS.md, run V1).
+        # (the same error against fp32 as the exp form).
         h = 0.5 * y
         t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [h], dtype=gl.float32, is_pure=True, pack=1)
         return h + h * t
@@ -354,19 +342,6 @@ if gluon is not None:
         ], [4, 1, 8], [NARROW_REGS, 24, ACT_REGS])
 
 
-def frames_layout(t: Tensor, frames: int) -> tuple[list[int], list[int]]:
-    """(shape, strides) of flat-pixel t [B, C, F, H, W] seen as [B, C, F, H*W], the TMA view both Hopper head kernels
-    load (head_cuda.py too). A size-1 dimension may carry any stride in torch; TMA wants 16-byte multiples, so those
-    get a dense one."""
-    b, c, _, h, w = t.shape
-    shape = [b, c, frames, h * w]
-    strides = [t.stride(0), t.stride(1), t.stride(2), 1]
-    for d in (2, 1, 0):
-        if shape[d] == 1:
-            strides[d] = strides[d + 1] * shape[d + 1]
-    return shape, strides
-
-
 def _desc(t: Tensor, frames: int, layout) -> "TensorDescriptor":
     """TMA descriptor over t's frames (frames_layout), boxes [1, 64, 1, 64]."""
     return TensorDescriptor(t, *frames_layout(t, frames), [1, CHUNK, 1, BLOCK_P], layout)
@@ -399,7 +374,7 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
                                             gl.NVMMASharedLayout.get_default_for([n, CHUNK], gl.bfloat16))
                for n in (64, 32, 16)]
     ints = _ints(b, h, w)
-    grid = min(ints[1], _sm_count(features.device))
+    grid = min(ints[1], sm_count(features.device))
     _head_g_kernel[(grid,)](x_desc, c_desc, nc_desc, *w_descs, gs, g, new_cache, *ints, float(eps),
                             T=t, C=c, HAS_CACHE=cache is not None, NSLOT=_slots(c), num_warps=4, maxnreg=MAXNREG)
     _compiled.add(_key(features.device, c, t, cache is not None, ints))
@@ -410,6 +385,25 @@ def spec_ready(device, b: int, c: int, t: int, h: int, w: int, has_cache: bool) 
     return _key(device, c, t, has_cache, _ints(b, h, w)) in _compiled
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+# --------------------------------------------------------------------------- the row
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """Row "gluon_fused" (kind head_full): the fused head's contract (head_fused), then shape_reason."""
+    reason = head_fused.contract_spec_reason(spec)
+    if reason is None:
+        b, c, t, h, w = spec.x_shape
+        reason = shape_reason(c, t, h, w, spec.device)
+    return reason
+
+
+def row_ready(spec) -> bool:
+    """True once this shape's kernel and the stencil are loaded: safe inside a CUDA-graph capture."""
+    b, c, t, h, w = spec.x_shape
+    return head_fused.stencil_ready(spec) and spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
+
+
+def run(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+        patch: int = 0) -> tuple[Tensor, Tensor]:
+    """The head_full signature, with this g kernel."""
+    return head_fused.head_full_variant(x, cache, gamma, weight, bias, eps, patch, head_fused.HOPPER)

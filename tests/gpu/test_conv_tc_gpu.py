@@ -1,8 +1,9 @@
-"""taesd_fast::conv3x3_tc (Triton tensor-core implicit GEMM, kernels/conv_tc.py) on the GPU.
+"""The Triton tensor-core rows on the GPU: "triton_conv" (the pointer kernel, kernels/conv_tc.py, also the default
+variant of the taesd_fast::conv3x3_tc op) and "triton_conv_tma" (kernels/conv_tc_tma.py), and the op itself.
 
 Every check compares against a float64 reference with the bound set by cuDNN's own f16 error on the same inputs
 (the f16 ops the model runs today: Clamp, nn.Upsample, conv, + skip, ReLU): rel err <= 2x that. Outputs are
-NaN-poisoned before every launch (conv_tc.POISON_OUTPUT), inputs are fresh random normals (never zeros).
+NaN-poisoned before every launch (conv_contract.POISON_OUTPUT), inputs are fresh random normals (never zeros).
 
 The upsample fold adds one f16 rounding of the summed weights: its error is ~1.4x cuDNN's in the median, but on
 outputs of only a few dozen elements the ratio is noisy (a simulation over 300 seeds: 1x1 -> 2x2 outputs with 3
@@ -25,6 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from taesd_fast.kernels import conv_contract, conv_launch, conv_tc_tma
 from taesd_fast.kernels import conv_tc as tc
 
 _REASON = "CUDA is not available" if not torch.cuda.is_available() else tc.triton_unavailable_reason("cuda")
@@ -39,9 +41,7 @@ CL = torch.channels_last
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
-    monkeypatch.setattr(tc, "POISON_OUTPUT", True)
-
-
+    monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -60,19 +60,29 @@ def _make(B, cin, cout, H, W, stride, upsample, bias, residual, gen):
 
 
 def _reference(*args):
-    return tc.conv3x3_math(*args, dtype=torch.float64)
+    return conv_contract.conv3x3_math(*args, dtype=torch.float64)
 
 
 def _torch_f16(*args):
-    return tc.conv3x3_math(*args)  # cuDNN in f16, op by op: what the model runs without the kernel
+    return conv_contract.conv3x3_math(*args)  # cuDNN in f16, op by op: what the model runs without the kernel
 
 
 def _check(B, cin, cout, H, W, stride=1, upsample=1, bias=True, residual=True, relu=True, pre_clamp=False, seed=0,
-           config=None):
+           config=None, row=None):
+    """One call on fresh inputs: through the op (default variant: the pointer kernel), or with an explicit config
+    (a TCConfig: the pointer kernel's launcher; a TMAConfig: the TMA kernel's), or a row module's run."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x, w, b, r = _make(B, cin, cout, H, W, stride, upsample, bias, residual, gen)
     args = (x, w, b, r, stride, relu, upsample, pre_clamp)
-    y = OP(*args) if config is None else tc.conv3x3_tc_launch(*args, config=config)
+    before = set(conv_launch._launched)
+    if row is not None:
+        y = row.run(x, w, b, stride, r, relu, upsample, pre_clamp)
+    elif isinstance(config, conv_tc_tma.TMAConfig):
+        y = conv_tc_tma.conv3x3_tma_launch(*args, config=config)
+    else:
+        y = OP(*args) if config is None else tc.conv3x3_tc_launch(*args, config=config)
+    want = "triton_conv_tma" if row is conv_tc_tma or isinstance(config, conv_tc_tma.TMAConfig) else "triton_conv"
+    assert {k[0] for k in set(conv_launch._launched) - before} <= {want}, "another kernel ran"
     ref = _reference(*args)
     assert y.shape == ref.shape and y.dtype == torch.float16 and y.is_contiguous(memory_format=CL)
     assert not y.isnan().any(), "unwritten (NaN-poisoned) output elements"
@@ -129,15 +139,40 @@ def test_random_shapes(seed):
     _check(B, cin, cout, H, W, stride, up, *flags, seed=seed)
 
 
+TMA = conv_tc_tma.TMAConfig
+
+
 @pytest.mark.parametrize("cfg", [tc.TCConfig(64, 4, 2), tc.TCConfig(256, 8, 3), tc.TCConfig(128, 8, 4),
                                  tc.TCConfig(128, 4, 3, block_k=32), tc.TCConfig(128, 4, 3, cache_a=True),
-                                 tc.TCConfig(256, 8, 2, cache_a=True), tc.TCConfig(128, 4, 3, tile_w=16),
-                                 tc.TCConfig(64, 4, 4, tile_w=8), tc.TCConfig(256, 8, 3, tile_w=32),
-                                 tc.TCConfig(128, 4, 3, tile_w=16, persistent=2)], ids=str)
+                                 tc.TCConfig(256, 8, 2, cache_a=True), TMA(128, 4, 3, 16), TMA(64, 4, 4, 8),
+                                 TMA(256, 8, 3, 32), TMA(128, 4, 3, 16, persistent=2)], ids=str)
 @pytest.mark.parametrize("upsample", [1, 2])
 def test_explicit_configs(cfg, upsample):
     """What the benchmark sweeps must be right too (block_k=32 makes two channel chunks per tap)."""
     _check(2, 64, 64, 37, 45, 1, upsample, True, True, True, seed=7, config=cfg)
+
+
+TMA_CASES = [  # B, cin, cout, H, W, upsample, bias, residual, relu: the TMA row's shapes (stride 1, C_in % 16 == 0)
+    (2, 64, 64, 33, 47, 1, True, True, True), (1, 64, 3, 31, 15, 1, True, False, False),
+    (2, 32, 64, 19, 21, 1, False, True, True), (2, 64, 64, 23, 37, 2, True, False, True),
+    (1, 128, 160, 12, 10, 1, True, True, False), (1, 256, 128, 12, 10, 2, False, False, False),
+    (1, 64, 64, 1, 1, 1, True, True, True)]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: "x".join(map(str, c[:6])))
+def test_tma_row(case):
+    """The TMA row through its own run (its default config), tiles straddling every edge."""
+    B, cin, cout, H, W, up, bias, res, relu = case
+    if conv_tc_tma.spec_unsupported_reason(_spec_of(B, cin, cout, H, W, up, bias, res, relu)) is not None:
+        pytest.skip("the TMA kernel needs sm_90+")
+    _check(B, cin, cout, H, W, 1, up, bias, res, relu, seed=zlib.crc32(repr(case).encode()), row=conv_tc_tma)
+
+
+def _spec_of(B, cin, cout, H, W, up, bias, res, relu):
+    from taesd_fast.dispatch import Spec
+
+    return Spec("conv2d", "cuda:0", (B, cin, H, W), (cout, cin, 3, 3), torch.float16, 1, bias, res, relu,
+                "channels_last", up, False)
 
 
 def test_non_channels_last_inputs_are_converted():

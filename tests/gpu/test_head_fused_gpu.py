@@ -1,5 +1,6 @@
-"""GPU checks of the fused Triton head (taesd_fast::fused_head): against OutputHead, chunked against one-shot,
-poisoned outputs, CUDA-graph capture, opcheck.
+"""GPU checks of the head rows (kinds head_full and head, kernels/rows.py), each through its own run, and of the
+fused head op (taesd_fast::fused_head) with each g kernel (Triton "roll"/"per_t", Gluon "wgmma", CUDA C++
+"cuda_sm90"): against OutputHead, chunked against one-shot, poisoned outputs, CUDA-graph capture, opcheck.
 
 Tolerance: ||out - ref|| / ||ref|| against an fp32 OutputHead (TF32 off) at most 2x the error of OutputHead's own
 bf16 path (backend "torch"). The returned cache may differ from OutputHead's where the fp32 norm lands on a
@@ -13,6 +14,7 @@ import torch
 from conftest import random_output_head, video_from_channels
 from taesd_fast import OutputHead, backend
 from taesd_fast.kernels import head_fused as hf
+from taesd_fast.kernels import rows as kernel_rows
 
 
 def _unavailable() -> str | None:
@@ -186,8 +188,8 @@ def test_hopper_kernels_refuse_what_they_cannot_run(cfg):
 
 
 def test_auto_takes_the_cuda_kernel_and_falls_back_to_gluon(monkeypatch):
-    """auto runs the CUDA kernel on sm_90; if it cannot compile or launch, the Gluon kernel takes over with one
-    warning, and the results agree to the fp32 summation order."""
+    """The op's "auto" runs the CUDA kernel on sm_90; if it cannot compile or launch, the Gluon kernel takes over
+    with one warning, and the results agree to the fp32 summation order. Named, the CUDA kernel raises instead."""
     _needs_sm90()
     from taesd_fast.kernels import head_cuda
 
@@ -206,10 +208,12 @@ def test_auto_takes_the_cuda_kernel_and_falls_back_to_gluon(monkeypatch):
 
     monkeypatch.setattr(head_cuda, "_failure", [])
     monkeypatch.setattr(head_cuda, "launch", refuse)
-    with pytest.warns(RuntimeWarning, match="the CUDA head kernel is unavailable .*using the Gluon kernel"):
+    with pytest.warns(RuntimeWarning, match="the CUDA head kernel is unavailable .*other kernels run instead"):
         out, new_cache = hf.fused_head_with(*args)
     assert torch.equal(out, gluon_out) and torch.equal(new_cache, gluon_cache)
     assert "NVRTC could not compile" in head_cuda.reason(features, cache)
+    with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: RuntimeError: NVRTC"):
+        hf.fused_head_with(*args, CONFIGS[CUDA])
     ref, out16, _ = _references(head, features, cache)
     assert _rel(cuda_out, ref) <= 2 * _rel(out16, ref)
     _assert_cache_close(cuda_cache, gluon_cache)
@@ -327,20 +331,56 @@ def test_cuda_graph_capture_and_replay(with_cache):
         assert torch.equal(static_out, want_out) and torch.equal(static_cache, want_cache)
 
 
+HEAD_FULL_ROWS = [r.name for r in kernel_rows.KERNEL_ROWS if r.kind == "head_full"]
+
+
 @pytest.mark.parametrize("patch", [0, 2])  # the video-writing stencil is a kernel of its own
-@pytest.mark.parametrize("h,w", [(13, 17), (12, 20)])  # the Triton g kernel; the Gluon one on sm_90
-def test_spec_ready_after_a_launch(h, w, patch):
+@pytest.mark.parametrize("with_cache", [False, True])
+@pytest.mark.parametrize("name", HEAD_FULL_ROWS)
+def test_each_head_full_row(name, with_cache, patch):
+    """Each head_full row through its own run (the dispatcher's signature): accepted on sm_90, within 2x OutputHead's
+    own bf16 error against its fp32 output (poisoned g and cache), the new cache OutputHead's, and ready for graph
+    capture after one run. 24x40: whole 64-pixel tiles for the Hopper g kernels."""
     from taesd_fast import _backend, dispatch
 
     if _backend.kernels_unavailable_reason() is not None:
-        pytest.skip(f"stencil kernel unavailable: {_backend.kernels_unavailable_reason()}")
-    head = _head(seed=11)
-    features, cache = _inputs(1, 256, 3, h, w, seed=11)
+        pytest.skip(f"the stencil kernel is unavailable: {_backend.kernels_unavailable_reason()}")
+    row = kernel_rows.row("head_full", name)
+    head = _head(seed=21)
+    features, cache = _inputs(1, 256, 3, 24, 40, seed=21, with_cache=with_cache)
     spec = dispatch.Spec("head_full", "cuda:0", tuple(features.shape), (12, 256, 3, 3, 3), torch.bfloat16, 1, True,
-                         True, False, "nchw", patch=patch)
-    assert hf.spec_unsupported_reason(spec) is None
-    hf.fused_head(features, cache, *_params(head), EPS, 256**0.5, patch)
-    assert hf.spec_ready(spec)
+                         with_cache, False, "nchw", patch=patch)
+    why = row.supports(spec)
+    if why is not None and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"{name} does not run on this GPU: {why}")
+    assert why is None, f"{name} must accept the call on sm_90: {why}"
+    gamma, weight, bias = _params(head)
+    out, new_cache = row.run(features, cache, gamma, weight, bias, EPS, patch)
+    torch.cuda.synchronize()
+    ref, out16, cache16 = _references(head, features, cache)
+    if patch:
+        ref, out16 = video_from_channels(ref, patch), video_from_channels(out16, patch)
+    assert out.shape == ref.shape
+    assert _rel(out, ref) <= 2 * _rel(out16, ref), f"{name} {_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
+    _assert_cache_close(new_cache, cache16)
+    assert row.ready(spec), "launched once, the row must report itself ready for graph capture"
+
+
+def test_split_head_row():
+    """The head row (kind head: the conv on an activated window) through its own run, against an fp32 conv3d."""
+    from taesd_fast import _backend
+
+    if _backend.kernels_unavailable_reason() is not None:
+        pytest.skip(f"the stencil kernel is unavailable: {_backend.kernels_unavailable_reason()}")
+    row = kernel_rows.row("head", "split_bf16")
+    head = _head(seed=22)
+    _, weight, bias = _params(head)
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    window = torch.nn.functional.silu(torch.randn(1, 256, 5, 17, 29, device="cuda", generator=gen)).bfloat16()
+    out = row.run(window, weight, bias)
+    ref = torch.nn.functional.conv3d(window.float(), weight.float(), bias.float(), padding=(0, 1, 1)).clamp(-1, 1)
+    out16 = torch.nn.functional.conv3d(window, weight, bias, padding=(0, 1, 1)).clamp(-1, 1)
+    assert _rel(out, ref) <= 2 * _rel(out16, ref)
 
 
 @pytest.mark.parametrize("h,w", [(9, 11), (8, 16)])  # the Triton g kernel; the Gluon one on sm_90

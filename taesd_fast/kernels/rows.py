@@ -1,0 +1,103 @@
+"""Every kernel the dispatcher can choose, one row each: the dispatcher's table is its PyTorch rows + KERNEL_ROWS.
+
+Each row names its kernel module; the module defines the row's support rule (`spec_unsupported_reason(spec)`), its
+launch (`run`) and whether it is loaded (`spec_ready(spec)`). Nothing here imports a kernel module, Triton or CUDA:
+each function imports its module on first call (importing Triton takes about a second), and the Triton-based rows
+answer "CPU tensor" for CPU specs without importing anything.
+
+DEFAULT_ORDER is the preference where nothing was measured (forced-kernel mode): the latency kernels first (their
+rules admit only the small problems they are built for), then the row-streaming and TMA kernels, the pointer kernel
+(every shape), the small-tile and CUDA row kernels, then the SIMT convs. `forced_order(layout)` puts the rows that
+read the input's layout natively first, so NCHW inputs reach the SIMT convs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .row import KernelRow
+
+__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "row"]
+
+
+def _module(name: str):
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def _supports(module: str, attr: str = "spec_unsupported_reason", *extra):
+    def supports(spec) -> str | None:
+        if not spec.device.startswith("cuda"):  # every kernel row needs CUDA; the module need not be imported
+            return "CPU tensor"
+        return getattr(_module(module), attr)(spec, *extra)
+
+    return supports
+
+
+def _ready(module: str, attr: str = "spec_ready", *extra):
+    return lambda spec: getattr(_module(module), attr)(spec, *extra)
+
+
+def _run(module: str, attr: str = "run", **fixed):
+    return lambda *args: getattr(_module(module), attr)(*args, **fixed)
+
+
+def _conv(name: str, module: str, layouts: tuple = ("channels_last",), nvrtc: bool = False) -> KernelRow:
+    return KernelRow(name, "conv2d", _supports(module), _run(module), _ready(module), layouts, nvrtc, module)
+
+
+def _simt(variant: str) -> KernelRow:
+    return KernelRow(f"simt_f16_{variant}", "conv2d", _supports("conv3x3", "spec_unsupported_reason", variant),
+                     _run("conv3x3", variant=variant), _ready("conv3x3", "spec_ready", variant), ("nchw",), True,
+                     "conv3x3")
+
+
+_NCDHW = ("nchw", "strided")  # the fused heads read NCDHW features and chunk slices of them in place
+
+KERNEL_ROWS: list[KernelRow] = [
+    # conv2d: f16 3x3 convs with the fused epilogue (conv_contract)
+    _conv("triton_conv", "conv_tc"),  # Triton pointer kernel: every contract shape, sm_80+
+    _conv("triton_conv_tma", "conv_tc_tma"),  # Triton TMA tiles: stride 1, C_in % 16 == 0, sm_90+
+    _conv("gluon_conv_rows", "conv_halo"),  # Gluon row streaming: 64->64 and 64->(<=16), W >= 64, sm_90
+    _conv("gluon_conv_tile", "conv_tile"),  # Gluon small tiles: 64->64, W >= 16, sm_90
+    _conv("gluon_conv_up", "conv_up"),  # Gluon upsample fold: 64->64 up 2, no residual, one wave, sm_90
+    _conv("gluon_conv_narrow", "conv_narrow"),  # Gluon narrow outputs: 64->(<=7), W <= 256, one wave, sm_90
+    _conv("cuda_conv_rows", "conv_row", nvrtc=True),  # CUDA C++ row streaming: 64->64, W > 64, sm_90
+    _simt("tile"),  # SIMT direct convs: NCHW, <= 64 channels
+    _simt("ocb4"),
+    _simt("rb"),  # stride 1 only
+    # head: clamp(conv3d(window)) on the activated causal window
+    KernelRow("split_bf16", "head", _supports("head"), _run("head", "split_head_conv"), _ready("head"),
+              ("nchw", "channels_last"), True, "head"),
+    # head_full: RMS norm + SiLU + window + conv + clamp (+ unpatchify) in one call
+    KernelRow("cuda_fused", "head_full", _supports("head_cuda"), _run("head_cuda"), _ready("head_cuda", "row_ready"),
+              _NCDHW, True, "head_cuda"),
+    KernelRow("gluon_fused", "head_full", _supports("head_wgmma"), _run("head_wgmma"),
+              _ready("head_wgmma", "row_ready"), _NCDHW, True, "head_wgmma"),
+    KernelRow("triton_fused", "head_full", _supports("head_fused"), _run("head_fused"), _ready("head_fused"), _NCDHW,
+              True, "head_fused"),
+    KernelRow("triton_norm_split", "head_full", _supports("head_act"), _run("head_act"), _ready("head_act"), _NCDHW,
+              True, "head_act"),
+    KernelRow("split_bf16", "head_full", _supports("head", "head_full_spec_unsupported_reason"),
+              _run("head", "head_full_split"), _ready("head", "head_full_spec_ready"), ("nchw", "channels_last"), True,
+              "head"),
+]
+
+DEFAULT_ORDER: tuple[str, ...] = (
+    "gluon_conv_up", "gluon_conv_narrow", "gluon_conv_rows", "triton_conv_tma", "triton_conv", "gluon_conv_tile",
+    "cuda_conv_rows", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile",
+    "cuda_fused", "gluon_fused", "triton_fused", "triton_norm_split", "split_bf16",
+)
+
+
+def forced_order(layout: str) -> tuple[str, ...]:
+    """DEFAULT_ORDER with the rows that read `layout` natively first (each group keeps its order)."""
+    native = {r.name for r in KERNEL_ROWS if layout in r.layouts}
+    return tuple(n for n in DEFAULT_ORDER if n in native) + tuple(n for n in DEFAULT_ORDER if n not in native)
+
+
+def row(kind: str, name: str) -> KernelRow:
+    """The row of this kind and name (KeyError naming what exists)."""
+    for r in KERNEL_ROWS:
+        if r.kind == kind and r.name == name:
+            return r
+    raise KeyError(f"no {kind} kernel row named {name!r} (have: {[r.name for r in KERNEL_ROWS if r.kind == kind]})")

@@ -1,0 +1,148 @@
+"""The package's import graph, read from the source (ast; nothing is imported): module-level imports must not form a
+cycle. A module-level cycle makes the import order decide which names exist when, and it is how a helper module ends
+up importing half the package. Imports inside functions run later, at call time, and are listed apart: they are how
+a module reaches an optional or slow dependency (Triton) on first use, and a cycle among them is reported, not
+refused."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "taesd_fast"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(node: ast.ImportFrom | ast.Import, current: str, is_package: bool, known: set[str]) -> list[str]:
+    """The package modules an import statement names: `from X import name` counts X.name where that is a module,
+    else X. (Parent packages, which Python loads first, are left out: every module would otherwise import its
+    package's __init__.)"""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in known]
+    if node.level:
+        base = current.split(".") if is_package else current.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    else:
+        prefix = node.module or ""
+    found = {f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in known else prefix for a in node.names}
+    return sorted(found & known)
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module-level edges, function-level edges): module -> the package modules it imports."""
+    mods = _modules()
+    known = set(mods)
+    top: dict[str, set[str]] = {m: set() for m in mods}
+    inner: dict[str, set[str]] = {m: set() for m in mods}
+
+    def visit(node: ast.AST, module: str, is_package: bool, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                targets = _resolve(child, module, is_package, known)
+                (inner if in_function else top)[module].update(t for t in targets if t != module)
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, module, is_package, nested)
+
+    for module, path in mods.items():
+        visit(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", False)
+    return top, inner
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def _describe(comps: list[list[str]]) -> str:
+    return "; ".join(" <-> ".join(c) for c in comps)
+
+
+def test_the_graph_reader_sees_cycles_and_function_level_imports(tmp_path, monkeypatch):
+    """The reader on a made-up package: a <-> b at module level is a cycle, c -> a inside a function is not."""
+    pkg = tmp_path / "fakepkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("try:\n    from .a import thing\nexcept ImportError:\n    pass\n")
+    (pkg / "sub" / "c.py").write_text("def f():\n    from ..a import thing\n    return thing\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    top, inner = import_graph()
+    assert top["fakepkg.a"] == {"fakepkg.b"} and top["fakepkg.b"] == {"fakepkg.a"}
+    assert inner["fakepkg.sub.c"] == {"fakepkg.a"} and not top["fakepkg.sub.c"]
+    assert cycles(top) == [["fakepkg.a", "fakepkg.b"]]
+    assert cycles(inner) == []
+
+
+def test_kernels_module_level_imports_form_no_cycle():
+    """The kernel layer: every kernel module imports the shared helpers (triton_import, gluon_import, device,
+    tma_pdl, conv_contract, conv_epilogue, conv_pack, head_g_layout, ...), never the other way round."""
+    top, _ = import_graph()
+    kernels = {m: {t for t in ts if t.startswith("taesd_fast.kernels")} for m, ts in top.items()
+               if m.startswith("taesd_fast.kernels")}
+    assert not cycles(kernels), f"module-level import cycles in taesd_fast.kernels: {_describe(cycles(kernels))}"
+    helpers = ("triton_import", "gluon_import", "device", "tma_pdl", "conv_contract", "conv_epilogue", "conv_pack",
+               "head_g_layout", "row", "derived", "conv_schedule")
+    for h in helpers:
+        assert not any(t.startswith("taesd_fast.kernels.conv_tc") for t in top[f"taesd_fast.kernels.{h}"]), h
+    assert not top["taesd_fast.kernels.rows"] - {"taesd_fast.kernels.row"}, "rows.py must import kernels lazily"
+
+
+def test_package_module_level_imports_form_no_cycle():
+    top, inner = import_graph()
+    found = cycles(top)
+    inner_cycles = cycles({m: top[m] | inner[m] for m in top})
+    assert not found, (f"module-level import cycles: {_describe(found)} (counting function-level imports too: "
+                       f"{_describe(inner_cycles)})")
+
+
+if __name__ == "__main__":  # a report: python tests/test_import_graph.py
+    top, inner = import_graph()
+    print("module-level cycles:", _describe(cycles(top)) or "none")
+    both = {m: top[m] | inner[m] for m in top}
+    print("cycles counting function-level imports:", _describe(cycles(both)) or "none")
+    for m in sorted(inner):
+        if inner[m]:
+            print(f"  {m} imports at call time: {', '.join(sorted(inner[m]))}")
