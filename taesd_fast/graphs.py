@@ -1,6 +1,8 @@
 """Whole-call CUDA graphs: at small batches (live previews, B=1) launch gaps dominate, and one graph replay
-removes them. Measured on the H200 (BENCHMARKS.md, run G): TAESD decode 256² B=1 takes 2.9 ms eagerly in auto mode
-and 0.235 ms as a graph replay (whose layers were timed as graph replays: our tensor-core convs throughout)."""
+removes them (on the H200, TAESD decode 256² B=1: 2.9 ms eagerly, 0.235 ms as a replay of tuned kernels).
+
+A capture holds `dispatch.gpu_lock`, so the background tuner issues no GPU work inside it, and records the dispatch
+generation it ran under: when tuning has since changed decisions, GraphCache captures that call again."""
 
 from __future__ import annotations
 
@@ -44,9 +46,13 @@ def parameters_of(module: nn.Module) -> list:
 
 def capture(fn: Callable[[], torch.Tensor]):
     """Capture fn() in a CUDA graph after a side-stream warm-up (as capture requires; the warm-up also lets the
-    dispatcher time and load its kernels, timing candidates as graph replays: `dispatch.graph_timing`).
+    dispatcher decide for graph replays, `dispatch.graph_timing`, and load its kernels).
     Returns (replay, output): replaying rewrites `output` in place. fn must read its inputs from the same buffers
-    every call."""
+    every call.
+
+    The capture uses "thread_local" mode: only this thread is barred from unsafe CUDA calls while it captures, so
+    another thread's eager work (a data loader, a second model) does not make it fail. The tuner, whose
+    synchronizes and allocations would break it, waits on `dispatch.gpu_lock`, held here throughout."""
     global _capturing
     _capturing += 1
     try:
@@ -59,7 +65,7 @@ _capturing = 0  # > 0 inside capture(): a GraphCache there runs eagerly (its cal
 
 
 def _capture(fn: Callable[[], torch.Tensor]):
-    with dispatch.graph_timing():
+    with dispatch.gpu_lock, dispatch.graph_timing():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -67,9 +73,14 @@ def _capture(fn: Callable[[], torch.Tensor]):
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             output = fn()
     return graph.replay, output
+
+
+def graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    """fn() captured with `capture`; returns its replay. For timing a dispatched call as a CUDA-graph replay."""
+    return capture(fn)[0]
 
 
 class CUDAGraphed:
@@ -84,6 +95,7 @@ class CUDAGraphed:
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor):
         if not (isinstance(example, torch.Tensor) and example.is_cuda):
             raise ValueError("CUDAGraphed needs an example CUDA tensor (CUDA graphs run on the GPU only)")
+        self.generation = dispatch.generation()  # read before the warm-up decides: a later change makes it stale
         self._input = example.clone()
         with torch.no_grad():
             self._replay, self._output = capture(lambda: fn(self._input))
@@ -115,6 +127,9 @@ class GraphCache:
     A graph bakes in the addresses of the weights and its own memory, so the signature holds the input's shape,
     dtype, device and strides, the dispatch mode, and each parameter's address and version: moving the model,
     changing its dtype or loading new weights in place makes the next call eager and the one after capture anew.
+    A graph also bakes in the dispatch decisions: when background tuning has changed them since the capture
+    (`dispatch.generation()` moved), the next call with that signature captures again at once, so the tuned
+    kernels replace cuDNN in the replay without any action from the user.
     The `max_graphs` most recently used graphs are kept (each holds its own memory pool). A signature whose capture
     fails (an op that cannot be captured, out of memory) stays eager, with one warning."""
 
@@ -154,10 +169,12 @@ class GraphCache:
         key = (x.shape, x.dtype, x.device, x.stride(), dispatch.get_backend(),
                tuple((p.data_ptr(), p._version) for p in params))
         graphed = self._graphs.get(key)
-        if graphed is not None:
+        if graphed is not None and graphed.generation == dispatch.generation():
             self._graphs.move_to_end(key)
             return graphed(x)
-        if key in self._failed or key not in self._seen:
+        if graphed is not None:  # captured with decisions that tuning has replaced since: capture again now
+            del self._graphs[key]
+        elif key in self._failed or key not in self._seen:
             self._seen[key] = None
             if len(self._seen) > 64:
                 self._seen.popitem(last=False)
