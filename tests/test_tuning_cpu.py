@@ -302,3 +302,69 @@ def test_cpu_models_start_no_tuner(monkeypatch):
     with torch.no_grad():
         TAESD("taesd", encoder=False).decode(torch.randn(1, 4, 8, 8))
     assert dispatch.tuning_status().pending == 0 and dispatch.tuning_status().done == 0
+
+
+def test_warmup_runs_each_shape_twice_with_blocking_tuning(monkeypatch):
+    """TAESD.warmup: blocking tuning, both calls per shape (the eager one and the one a graph is captured in),
+    inputs of the right shape per part, and the dispatch table back. On CPU nothing is timed; the calls are real."""
+    from taesd_fast import TAESD
+
+    model = TAESD("taesd")
+    seen = []
+    real_decode, real_encode = model.decode, model.encode
+    monkeypatch.setattr(model, "decode", lambda x: seen.append(("dec", tuple(x.shape), dispatch.get_tuning()))
+                        or real_decode(x))
+    monkeypatch.setattr(model, "encode", lambda x: seen.append(("enc", tuple(x.shape), dispatch.get_tuning()))
+                        or real_encode(x))
+    dispatch.set_tuning("off")
+    table_text = model.warmup([(2, 16, 24)], part="both")
+    assert seen == [("enc", (2, 3, 16, 24), "blocking")] * 2 + [("dec", (2, 4, 2, 3), "blocking")] * 2
+    assert dispatch.get_tuning() == "off"  # restored
+    assert "decoder.1" in table_text and "encoder.0" in table_text
+    seen.clear()
+    model.warmup([(1, 4, 5, 6)])  # the decoder's input shape as given
+    assert seen == [("dec", (1, 4, 5, 6), "blocking")] * 2
+    with pytest.raises(ValueError, match=r"warmup shape \(1, 4, 5, 6\): expected \(B, H, W\) in pixels$"):
+        model.warmup([(1, 4, 5, 6)], part="both")
+    with pytest.raises(ValueError, match="part must be 'decoder', 'encoder' or 'both', got 'decode'"):
+        model.warmup([(1, 16, 16)], part="decode")
+
+
+def test_tune_cli_parses_shapes_and_tunes_through_warmup(monkeypatch, capsys):
+    """The `tune` subcommand as cli.py wires it: shapes parsed, latents turned into pixel sizes, warmup called with
+    them; a CPU model is refused with a one-line reason."""
+    import argparse
+
+    from taesd_fast import TAESD, tune_cli
+
+    assert tune_cli.parse_shape("1x32x32x32") == (1, 32, 32, 32) and tune_cli.parse_shape("4X256x256") == (4, 256, 256)
+    for bad in ("1x32", "ax2x3", "0x4x4"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a shape: expected latents BxCxhxw"):
+            tune_cli.parse_shape(bad)
+
+    calls = []
+
+    class FakeModel(TAESD):
+        def warmup(self, shapes, part="decoder"):
+            calls.append((shapes, part))
+            return "TABLE"
+
+    from types import SimpleNamespace
+
+    model = FakeModel("taef2")
+    on = lambda device: lambda: iter([SimpleNamespace(device=torch.device(device))])  # noqa: E731
+
+    def model_args(p):
+        p.add_argument("--weights")
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    tune_cli.add_parser(sub, model_args, lambda args, encoder: model)
+    args = parser.parse_args(["tune", "--shape", "2x32x8x16", "--shape", "1x64x64", "--encode"])
+    monkeypatch.setattr(model, "parameters", on("cpu"))
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        args.func(args)
+    monkeypatch.setattr(model, "parameters", on("cuda"))  # a stand-in: warmup is faked, nothing runs
+    assert args.func(args) == 0
+    assert calls == [([(2, 64, 128), (1, 64, 64)], "both")]
+    assert "TABLE" in capsys.readouterr().out
