@@ -20,6 +20,7 @@ from .spec import Spec, TensorMeta, fmt_shape
 from .table import Row
 
 gpu_lock = threading.RLock()
+stop = threading.Event()  # set at interpreter exit: measuring stops between candidates
 REPS, WARMUP = 7, 3
 PROGRESS_DELAY_S = 1.0  # the bar appears once timing a call has taken this long; TAESD_FAST_PROGRESS=0 hides it
 
@@ -83,6 +84,8 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
     ok, failed, iters, replay = [], {}, {}, {}
     with progress_bar(spec, len(rows), progress) as bar:
         for row in rows:
+            if stop.is_set():
+                raise RuntimeError("tuning stopped: the interpreter is exiting")
             bar.set_postfix_str(row.name, refresh=False)
             run = row.runner(graph)
             with gpu_lock:

@@ -130,6 +130,15 @@ def _tune(job: _Job) -> decide.Record:
         return rec
 
 
+def _release_memory() -> None:
+    """Return the stand-ins' memory to the driver when the queue drains: the caching allocator keeps blocks per
+    stream, so what the tuner's stream cached could not serve the caller's allocations. Under gpu_lock: no
+    capture of ours is under way."""
+    if _streams:
+        with measure.gpu_lock:
+            torch.cuda.empty_cache()
+
+
 def _work() -> None:
     global _running, _round, _changed, _done, _last_error, _warned
     while True:
@@ -145,7 +154,7 @@ def _work() -> None:
             error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             rec = decide.provisional(job.spec, job.graph)
             rec.why = f"PyTorch: background tuning failed ({error})"
-        with _cv:
+        with _cv:  # lock order: gpu_lock, then _cv (a capture may queue work); never _cv then gpu_lock
             _running = None
             _pending.discard((job.graph, job.key))
             if job.epoch == _epoch:
@@ -154,10 +163,13 @@ def _work() -> None:
                 _changed = _changed or rec.choice != table.reference(job.spec.kind).name
                 if error is not None:
                     _last_error = error
-            if not _queue:
+            drained = not _queue
+            if drained:
                 decide.publish(_round, _changed)
                 _round, _changed = {}, False
             _cv.notify_all()
+        if drained:
+            _release_memory()
         if error is not None and not _warned:
             _warned = True
             warnings.warn(f"taesd_fast: background tuning failed for {job.spec.kind} {job.spec.x_shape} ({error}); "
@@ -170,6 +182,7 @@ def _stop(timeout: float = 5.0) -> None:
     """At exit: drop queued jobs and give a running one a moment, so the thread is not cut off inside a CUDA call
     while the interpreter tears down."""
     global _stopping
+    measure.stop.set()
     with _cv:
         _stopping = True
         _queue.clear()
