@@ -44,19 +44,20 @@ def parameters_of(module: nn.Module) -> list:
     return params
 
 
-def capture(fn: Callable[[], torch.Tensor]):
+def capture(fn: Callable[[], torch.Tensor], wait: bool = True):
     """Capture fn() in a CUDA graph after a side-stream warm-up (as capture requires; the warm-up also lets the
     dispatcher decide for graph replays, `dispatch.graph_timing`, and load its kernels).
     Returns (replay, output): replaying rewrites `output` in place. fn must read its inputs from the same buffers
     every call.
 
     The capture uses "thread_local" mode: only this thread is barred from unsafe CUDA calls while it captures, so
-    another thread's eager work (a data loader, a second model) does not make it fail. The tuner, whose
-    synchronizes and allocations would break it, waits on `dispatch.gpu_lock`, held here throughout."""
+    another thread's eager work (a data loader copying on a side stream) does not make it fail. The tuner, whose
+    synchronizes would still invalidate it, is kept out by `dispatch.gpu_lock`, held here throughout.
+    wait=False: raise dispatch.GpuBusy at once if a tuning step holds the lock, instead of waiting for the step."""
     global _capturing
     _capturing += 1
     try:
-        return _capture(fn)
+        return _capture(fn, wait)
     finally:
         _capturing -= 1
 
@@ -64,8 +65,8 @@ def capture(fn: Callable[[], torch.Tensor]):
 _capturing = 0  # > 0 inside capture(): a GraphCache there runs eagerly (its caller is being captured already)
 
 
-def _capture(fn: Callable[[], torch.Tensor]):
-    with dispatch.gpu_lock, dispatch.graph_timing():
+def _capture(fn: Callable[[], torch.Tensor], wait: bool):
+    with dispatch.measure.capture_turn(wait), dispatch.graph_timing():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -92,13 +93,13 @@ class CUDAGraphed:
     Returns a new tensor each call (the graph's own output buffer is overwritten by the next replay).
     """
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor, wait: bool = True):
         if not (isinstance(example, torch.Tensor) and example.is_cuda):
             raise ValueError("CUDAGraphed needs an example CUDA tensor (CUDA graphs run on the GPU only)")
         self.generation = dispatch.generation()  # read before the warm-up decides: a later change makes it stale
         self._input = example.clone()
         with torch.no_grad():
-            self._replay, self._output = capture(lambda: fn(self._input))
+            self._replay, self._output = capture(lambda: fn(self._input), wait)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         want = self._input
@@ -129,7 +130,8 @@ class GraphCache:
     changing its dtype or loading new weights in place makes the next call eager and the one after capture anew.
     A graph also bakes in the dispatch decisions: when background tuning has changed them since the capture
     (`dispatch.generation()` moved), the next call with that signature captures again at once, so the tuned
-    kernels replace cuDNN in the replay without any action from the user.
+    kernels replace cuDNN in the replay without any action from the user. In background tuning a capture does not
+    wait for the tuner's current step: if the GPU is busy with one, the call runs eagerly and a later call captures.
     The `max_graphs` most recently used graphs are kept (each holds its own memory pool). A signature whose capture
     fails (an op that cannot be captured, out of memory) stays eager, with one warning."""
 
@@ -180,7 +182,10 @@ class GraphCache:
                 self._seen.popitem(last=False)
             return fn(x)
         try:
-            graphed = CUDAGraphed(fn, x)
+            graphed = CUDAGraphed(fn, x, wait=dispatch.get_tuning() != "background")
+        except dispatch.GpuBusy:  # the tuner is mid-step: eager now, capture on a later call
+            self._seen[key] = None
+            return fn(x)
         except Exception as e:  # noqa: BLE001 - any capture problem: this signature stays eager
             self._failed.add(key)
             warnings.warn(f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "

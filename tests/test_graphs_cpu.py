@@ -21,7 +21,7 @@ from taesd_fast import dispatch, graphs  # noqa: E402
 class _FakeGraphed:
     captures = []
 
-    def __init__(self, fn, example):
+    def __init__(self, fn, example, wait=True):
         self.fn = fn
         self.replays = 0
         self.generation = dispatch.generation()  # as CUDAGraphed records it
@@ -84,7 +84,7 @@ def test_graph_cache_keeps_the_most_recently_used(fake_graphs):
 
 
 def test_graph_cache_stays_eager_where_capture_fails(monkeypatch):
-    def failing(fn, example):
+    def failing(fn, example, wait=True):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(graphs, "CUDAGraphed", failing)

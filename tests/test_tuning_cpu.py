@@ -156,7 +156,7 @@ def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, 
     captures = []
 
     class Captured:
-        def __init__(self, fn, example):
+        def __init__(self, fn, example, wait=True):
             self.generation = dispatch.generation()
             with dispatch.graph_timing():  # as graphs.capture decides
                 fn(example)
@@ -368,3 +368,78 @@ def test_tune_cli_parses_shapes_and_tunes_through_warmup(monkeypatch, capsys):
     assert args.func(args) == 0
     assert calls == [([(2, 64, 128), (1, 64, 64)], "both")]
     assert "TABLE" in capsys.readouterr().out
+
+
+def test_graph_cache_does_not_wait_for_a_tuning_step(monkeypatch):
+    """In background tuning a capture that finds gpu_lock held by a tuning step runs the call eagerly at once and
+    asks the tuner to pause; the next call captures. In blocking tuning the capture waits for the lock."""
+    captures = []
+
+    class Captured:
+        def __init__(self, fn, example, wait=True):
+            with measure.capture_turn(wait):
+                self.generation, self.fn = dispatch.generation(), fn
+                captures.append(tuple(example.shape))
+
+        def __call__(self, x):
+            return self.fn(x)
+
+    monkeypatch.setattr(graphs, "CUDAGraphed", Captured)
+    monkeypatch.setattr(graphs, "_replayable", lambda x, params: True)
+    held, release = threading.Event(), threading.Event()
+
+    def tuning_step():
+        with measure.tuner_step():
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=tuning_step, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    cache, x = graphs.GraphCache(), torch.randn(3, 2)
+    dispatch.set_tuning("background")
+    try:
+        t0 = time.perf_counter()
+        assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)  # first call: eager anyway
+        assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)  # would capture: the lock is busy, so eager
+        assert time.perf_counter() - t0 < 1.0 and captures == [] and len(cache) == 0
+        assert measure._capture_wanted.is_set()  # the tuner will pause at its next step boundary
+    finally:
+        release.set()
+    holder.join(10)
+    cache(lambda t: t + 1, x, [])
+    assert captures == [(3, 2)] and not measure._capture_wanted.is_set()
+
+    # blocking tuning: a capture waits for the step to end
+    held.clear(), release.clear()
+    holder = threading.Thread(target=tuning_step, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    threading.Timer(0.3, release.set).start()
+    dispatch.set_tuning("blocking")
+    cache2 = graphs.GraphCache()
+    cache2(lambda t: t, x, [])
+    t0 = time.perf_counter()
+    cache2(lambda t: t, x, [])
+    assert time.perf_counter() - t0 >= 0.2 and captures == [(3, 2), (3, 2)]
+    holder.join(10)
+
+
+def test_the_tuner_pauses_for_a_capture_that_asked(monkeypatch):
+    """A capture that found the GPU busy sets the request; the tuner's next step waits for it (up to
+    CAPTURE_PAUSE_S), so the capture gets the lock on the caller's next call."""
+    monkeypatch.setattr(measure, "CAPTURE_PAUSE_S", 5.0)
+    entered = threading.Event()
+    measure._capture_wanted.set()
+
+    def step():
+        with measure.tuner_step():
+            entered.set()
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    assert not entered.wait(0.3)  # paused: the capture has not come yet
+    with measure.capture_turn(wait=False):  # the lock is free for it
+        pass
+    assert entered.wait(5)  # the capture cleared the request: the tuner goes on
+    t.join(5)

@@ -20,7 +20,7 @@ from .decide import (
     MARGIN, MODES, TUNING_MODES, Record, backend, get_backend, get_tuning, graph_timing, set_backend, set_tuning,
     tuning,
 )
-from .measure import gpu_lock
+from .measure import GpuBusy, gpu_lock
 from .report import dispatch_table, rows_of, tune
 from .spec import Spec
 from .store import store_timings
@@ -32,7 +32,7 @@ __all__ = [
     "conv2d", "head_conv", "head_full", "soft_clamp", "backend", "set_backend", "get_backend", "tuning",
     "set_tuning", "get_tuning", "graph_timing", "dispatch_table", "rows_of", "tune", "clear_cache", "generation",
     "wait_for_tuning", "tuning_status", "TuningStatus", "Spec", "Row", "ROWS", "DEFAULT_ORDER", "Record",
-    "gpu_lock", "store_timings", "MODES", "TUNING_MODES", "MARGIN",
+    "gpu_lock", "GpuBusy", "store_timings", "MODES", "TUNING_MODES", "MARGIN",
 ]
 
 

@@ -1,12 +1,15 @@
 """Timing a call's candidate rows on the GPU, on random stand-ins built from the call's metadata.
 
-`gpu_lock` orders the GPU work of tuning against CUDA-graph captures: the tuner holds it around each candidate's
-compile / warm-up / capture / timing step and `graphs.capture` holds it around its warm-up and capture, so no
-synchronize, allocation or module load from tuning lands inside a capture (which fails a capture in "global" mode).
-It is never held together with the decision lock."""
+`gpu_lock` orders the GPU work of tuning against CUDA-graph captures: tuning holds it around each candidate's
+compile / warm-up / capture / timing step (`tuner_step`) and `graphs.capture` holds it around its warm-up and capture
+(`capture_turn`), so no synchronize, allocation or module load from tuning lands inside a capture. Even a capture
+in "thread_local" mode is invalidated by another thread's synchronize on the same GPU. A capture that may not wait
+(GraphCache in background tuning) takes the lock only if it is free, else asks the tuner to pause at its next step
+boundary and runs eagerly this once. The lock is never held together with the decision lock."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
@@ -21,6 +24,38 @@ from .table import Row
 
 gpu_lock = threading.RLock()
 stop = threading.Event()  # set at interpreter exit: measuring stops between candidates
+_capture_wanted = threading.Event()  # a capture found gpu_lock busy: the tuner pauses at its next step boundary
+CAPTURE_PAUSE_S = 0.5  # how long the tuner waits for that capture before it goes on
+
+
+class GpuBusy(RuntimeError):
+    """gpu_lock was busy with a tuning step and the capture was not to wait."""
+
+
+@contextlib.contextmanager
+def capture_turn(wait: bool = True):
+    """gpu_lock for a CUDA-graph capture. wait=False: raise GpuBusy at once if a tuning step holds it (and have
+    the tuner pause at its next step boundary, so the next try finds it free)."""
+    if not gpu_lock.acquire(blocking=wait):
+        _capture_wanted.set()
+        raise GpuBusy("the background tuner is using the GPU")
+    try:
+        yield
+    finally:
+        _capture_wanted.clear()
+        gpu_lock.release()
+
+
+@contextlib.contextmanager
+def tuner_step():
+    """gpu_lock for one GPU step of tuning, after a pause for a capture that asked for the GPU."""
+    if _capture_wanted.is_set() and not stop.is_set():
+        deadline = time.monotonic() + CAPTURE_PAUSE_S
+        while _capture_wanted.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        _capture_wanted.clear()  # the capture did not come back in time: go on
+    with gpu_lock:
+        yield
 REPS, WARMUP = 7, 3
 PROGRESS_DELAY_S = 1.0  # the bar appears once timing a call has taken this long; TAESD_FAST_PROGRESS=0 hides it
 
@@ -79,7 +114,7 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
     is what a replay costs. Otherwise the CPU time of launching the call eagerly is added: in a model's chain of
     layers the launch costs add up (a Triton launch costs ~0.1 ms of CPU on the H200's host), so a kernel that wins
     on the GPU but costs more to launch only pays off where the GPU saving covers its launch."""
-    with gpu_lock:
+    with tuner_step():
         fresh = fresh_args(spec.kind, meta)
     ok, failed, iters, replay = [], {}, {}, {}
     with progress_bar(spec, len(rows), progress) as bar:
@@ -88,7 +123,12 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
                 raise RuntimeError("tuning stopped: the interpreter is exiting")
             bar.set_postfix_str(row.name, refresh=False)
             run = row.runner(graph)
-            with gpu_lock:
+            if row.precompile is not None:  # compiling that touches no GPU needs no lock
+                try:
+                    row.precompile(spec, graph)
+                except Exception:  # noqa: BLE001 - the launch below compiles again and reports the failure
+                    pass
+            with tuner_step():
                 try:
                     for _ in range(WARMUP):
                         run(*fresh)  # the first run compiles the kernel: the slow part of a first use
@@ -113,7 +153,7 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
     events = {r.name: [] for r in ok}
     launch_ms = {r.name: [] for r in ok}
     for _ in range(reps):
-        with gpu_lock:
+        with tuner_step():
             for row in ok:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 timing.busy_gpu()  # keeps the replay's submission out of the timed span
@@ -139,7 +179,9 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
 def warm(row: Row, spec: Spec, meta: tuple, graph: bool) -> None:
     """Run a row twice on stand-ins so its kernel is compiled and loaded (then `row.ready` holds and a CUDA-graph
     capture may use it)."""
-    with gpu_lock:
+    if row.precompile is not None:
+        row.precompile(spec, graph)
+    with tuner_step():
         fresh = fresh_args(spec.kind, meta)
         run = row.runner(graph)
         run(*fresh)

@@ -44,6 +44,10 @@ class Row:
     layouts: tuple = ("nchw",)  # input layouts the kernel reads natively (others are converted first)
     devices: tuple = ("cuda",)  # device types the row can run on, checked before `supports` (no import on CPU)
     nvrtc: bool = True  # needs our NVRTC-built kernels (the Triton rows check Triton in `supports`)
+    # (spec, graph): compile the kernel without touching the GPU (no module load, launch or synchronize), so the
+    # tuner can compile outside gpu_lock and a capture waits for launches and timing only. None: the first launch
+    # compiles, inside the lock.
+    precompile: Callable[[Spec, bool], None] | None = None
 
     def runner(self, graph: bool) -> Callable[..., Tensor]:
         return self.graph_run if graph and self.graph_run is not None else self.run

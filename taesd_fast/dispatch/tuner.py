@@ -8,8 +8,8 @@ and loads its kernel, so a later call, or a capture, launches it without compili
 drains, the new decisions are published (`decide.publish`): if any differs from what the calls ran meanwhile,
 `decide.state.generation` moves and `graphs.GraphCache` captures those calls again with the tuned kernels.
 
-The thread runs on its own CUDA stream and holds `measure.gpu_lock` around each GPU step, never the decision
-lock while measuring. It is silent; if a job fails, one warning says so and those calls keep running PyTorch."""
+The thread runs on its own CUDA stream and holds `measure.gpu_lock` around each GPU step (`measure.tuner_step`),
+never the decision lock while measuring. It is silent; if a job fails, one warning says so and those calls keep running PyTorch."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _backend
 from . import decide, measure, store, table
 from .spec import Spec
 
@@ -112,8 +113,11 @@ def _tune(job: _Job) -> decide.Record:
     with ExitStack() as ctx:
         ctx.enter_context(torch.no_grad())
         if spec.on_cuda:
+            with measure.tuner_step():  # creating a stream and probing NVRTC (it loads a module) stay out of captures
+                stream = _stream(spec.device)
+                _backend.kernels_unavailable_reason(spec.device)
             ctx.enter_context(torch.cuda.device(torch.device(spec.device)))
-            ctx.enter_context(torch.cuda.stream(_stream(spec.device)))
+            ctx.enter_context(torch.cuda.stream(stream))
         rows, skipped = decide.eligible(spec, "auto")
         if not any(r.kernel for r in rows):
             return decide.pick(spec, "auto", rows, skipped, None, "", graph)
@@ -135,7 +139,7 @@ def _release_memory() -> None:
     stream, so what the tuner's stream cached could not serve the caller's allocations. Under gpu_lock: no
     capture of ours is under way."""
     if _streams:
-        with measure.gpu_lock:
+        with measure.tuner_step():
             torch.cuda.empty_cache()
 
 
