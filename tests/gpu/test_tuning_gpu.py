@@ -48,14 +48,14 @@ def test_background_first_calls_run_pytorch_then_replays_run_tuned_kernels():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a failed capture warns: make it fail the test
         first, t_first = _timed(lambda: model.decode(z))
-        second, t_second = _timed(lambda: model.decode(z))  # captures a graph while the tuner runs
-        third, t_third = _timed(lambda: model.decode(z))  # replays it
+        second, t_second = _timed(lambda: model.decode(z))  # captures a graph, or runs eagerly if the tuner is mid-step
+        third, t_third = _timed(lambda: model.decode(z))  # replays it, or captures now
     print(f"\nbackground: calls {t_first:.3f} s, {t_second:.3f} s, {t_third:.4f} s; {dispatch.tuning_status()}")
     assert t_first < 1.0, f"first call took {t_first:.2f} s"
     assert dispatch.tuning_status().pending > 0 or dispatch.generation() > generation
     for y in (first, second, third):  # PyTorch rows throughout (cuDNN may pick another algorithm for the graph)
         torch.testing.assert_close(y, reference, rtol=0, atol=1e-3)
-    assert len(model._graph_caches["decoder"]) == 1
+    assert t_second < 1.0 and t_third < 1.0
 
     tick = time.perf_counter()
     assert dispatch.wait_for_tuning(timeout=300), dispatch.tuning_status()
@@ -67,7 +67,7 @@ def test_background_first_calls_run_pytorch_then_replays_run_tuned_kernels():
         tuned, t_recapture = _timed(lambda: model.decode(latents))  # captured again: the generation moved
         replay, t_replay = _timed(lambda: model.decode(latents))
     print(f"re-capture {t_recapture:.3f} s, replay {t_replay * 1e3:.2f} ms")
-    assert t_recapture < 1.0
+    assert t_recapture < 1.0 and len(model._graph_caches["decoder"]) == 1
     kernel_rows = [r for _, r in dispatch.rows_of(model.decoder) if r.choice != "torch"]
     assert kernel_rows and all("graph replays" in r.why for r in kernel_rows), model.dispatch_table()
     expected = _eager_with_graph_decisions(model, latents)
