@@ -131,7 +131,8 @@ class GraphCache:
     A graph also bakes in the dispatch decisions: when background tuning has changed them since the capture
     (`dispatch.generation()` moved), the next call with that signature captures again at once, so the tuned
     kernels replace cuDNN in the replay without any action from the user. In background tuning a capture does not
-    wait for the tuner's current step: if the GPU is busy with one, the call runs eagerly and a later call captures.
+    wait for the tuner's current step: if the GPU is busy with one, the call runs eagerly and a later call captures;
+    such eager calls decide as the replay will, so the tuner tunes what the replays run.
     The `max_graphs` most recently used graphs are kept (each holds its own memory pool). A signature whose capture
     fails (an op that cannot be captured, out of memory) stays eager, with one warning."""
 
@@ -176,16 +177,19 @@ class GraphCache:
             return graphed(x)
         if graphed is not None:  # captured with decisions that tuning has replaced since: capture again now
             del self._graphs[key]
-        elif key in self._failed or key not in self._seen:
+        elif key in self._failed:
+            return fn(x)
+        elif key not in self._seen:
             self._seen[key] = None
             if len(self._seen) > 64:
                 self._seen.popitem(last=False)
-            return fn(x)
+            return self._before_capture(fn, x)
+        background = dispatch.get_tuning() == "background"
         try:
-            graphed = CUDAGraphed(fn, x, wait=dispatch.get_tuning() != "background")
+            graphed = CUDAGraphed(fn, x, wait=not background)
         except dispatch.GpuBusy:  # the tuner is mid-step: eager now, capture on a later call
             self._seen[key] = None
-            return fn(x)
+            return self._before_capture(fn, x)
         except Exception as e:  # noqa: BLE001 - any capture problem: this signature stays eager
             self._failed.add(key)
             warnings.warn(f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "
@@ -195,3 +199,13 @@ class GraphCache:
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
         return graphed(x)
+
+    @staticmethod
+    def _before_capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """An eager call of a signature that is to be replayed. In background tuning it decides as the replay will
+        (graph_timing): calls the tuner has not timed yet run PyTorch either way, and what it queues are the specs
+        the replays run, so tuning spends its time on those."""
+        if dispatch.get_tuning() == "background":
+            with dispatch.graph_timing():
+                return fn(x)
+        return fn(x)

@@ -175,13 +175,13 @@ def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, 
     try:
         with torch.no_grad():
             cache(fn, x, [])  # eager
-            cache(fn, x, [])  # captured: PyTorch, while both specs (eager, graph) are tuned
+            cache(fn, x, [])  # captured: PyTorch, while the graph-replay spec is tuned
             cache(fn, x, [])  # replay
         assert FAKE_CALLS == [] and len(captures) == 1
     finally:
         fake.release.set()
     assert dispatch.wait_for_tuning(timeout=10)
-    assert {c[1] for c in fake.calls} == {False, True}
+    assert [c[1] for c in fake.calls] == [True]  # only what the replays run: the eager first call decided as they do
     with torch.no_grad():
         y = cache(fn, x, [])  # the generation moved: captured again at once, now with the fake kernel
     assert len(captures) == 2 and captures[1] == dispatch.generation() and FAKE_CALLS
