@@ -2,7 +2,7 @@
 (taesd_fast's timings, Triton's and Inductor's kernels) start empty, beside the torch backend's calls, and again in a
 second process that reuses those caches.
 
-    python scripts/bench_first_use.py [--blocking] [--keep DIR]
+    python tools/bench_first_use.py [--blocking] [--keep DIR]
 
 Each measured process loads the bundled TAEF2 weights in float16 on CUDA and calls `decode` three times for each of
 256² B=1, 256² B=64 and 512² B=1, then for a shape it has not seen (256² B=4), synchronizing after every call. Then

@@ -60,6 +60,7 @@ _epoch = 0
 _thread: threading.Thread | None = None
 _streams: dict = {}
 _stopping = False
+_releasing = False  # the queue drained and the tuner's memory is being returned: wait() waits for that too
 
 
 def submit(spec: Spec, graph: bool, key: tuple, meta: tuple) -> None:
@@ -80,7 +81,7 @@ def submit(spec: Spec, graph: bool, key: tuple, meta: tuple) -> None:
 def wait(timeout: float | None = None) -> bool:
     """Block until every queued job is done and published; False if `timeout` seconds passed first."""
     with _cv:
-        return _cv.wait_for(lambda: not _queue and _running is None, timeout)
+        return _cv.wait_for(lambda: not _queue and _running is None and not _releasing, timeout)
 
 
 def status() -> TuningStatus:
@@ -144,7 +145,7 @@ def _release_memory() -> None:
 
 
 def _work() -> None:
-    global _running, _round, _changed, _done, _last_error, _warned
+    global _running, _round, _changed, _done, _last_error, _warned, _releasing
     while True:
         with _cv:
             while not _queue:
@@ -167,13 +168,18 @@ def _work() -> None:
                 _changed = _changed or rec.choice != table.reference(job.spec.kind).name
                 if error is not None:
                     _last_error = error
-            drained = not _queue
+            drained = _releasing = not _queue
             if drained:
                 decide.publish(_round, _changed)
                 _round, _changed = {}, False
             _cv.notify_all()
         if drained:
-            _release_memory()
+            try:
+                _release_memory()
+            finally:
+                with _cv:
+                    _releasing = False
+                    _cv.notify_all()
         if error is not None and not _warned:
             _warned = True
             warnings.warn(f"taesd_fast: background tuning failed for {job.spec.kind} {job.spec.x_shape} ({error}); "
