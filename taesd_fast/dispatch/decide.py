@@ -80,14 +80,19 @@ def get_backend() -> str:
 
 
 @contextlib.contextmanager
-def backend(mode: str):
-    """with backend("torch"|"kernels"|"auto"): ... restores the previous mode on exit."""
-    prev = state.mode
-    set_backend(mode)
+def _switched(field: str, setter, value):
+    """state.<field> set through `setter` for the with block, then restored."""
+    prev = getattr(state, field)
+    setter(value)
     try:
         yield
     finally:
-        state.mode = prev
+        setattr(state, field, prev)
+
+
+def backend(mode: str):
+    """with backend("torch"|"kernels"|"auto"): ... restores the previous mode on exit."""
+    return _switched("mode", set_backend, mode)
 
 
 def set_tuning(mode: str | None) -> None:
@@ -106,15 +111,9 @@ def get_tuning() -> str:
     return env
 
 
-@contextlib.contextmanager
 def tuning(mode: str):
     """with tuning("blocking"|"off"|"background"): ... restores the previous tuning mode on exit."""
-    prev = state.tuning
-    set_tuning(mode)
-    try:
-        yield
-    finally:
-        state.tuning = prev
+    return _switched("tuning", set_tuning, mode)
 
 
 @contextlib.contextmanager
