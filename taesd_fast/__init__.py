@@ -5,7 +5,7 @@ Importing this package never initialises CUDA or compiles anything; kernels are 
 
 from ._backend import kernels_available, kernels_unavailable_reason
 from .diffusers_compat import AutoencoderTinyFast
-from .dispatch import backend, set_backend
+from .dispatch import backend, set_backend, set_tuning, tuning
 from .graphs import CUDAGraphed
 from .head import OutputHead
 from .taesd import TAESD
@@ -13,6 +13,6 @@ from .tiling import decode_tiled, encode_tiled
 
 __all__ = [
     "TAESD", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",
-    "backend", "set_backend", "kernels_available", "kernels_unavailable_reason",
+    "backend", "set_backend", "tuning", "set_tuning", "kernels_available", "kernels_unavailable_reason",
 ]
 __version__ = "0.1.0"

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .kernels import head as hk
-from .timing import graphed, time_ms
+from .graphs import graphed
+from .timing import time_ms
 
 CL3D = torch.channels_last_3d
 

@@ -12,7 +12,8 @@ import copy
 
 import torch
 
-from .timing import graphed, time_ms
+from .graphs import graphed
+from .timing import time_ms
 
 # (name, part, batch, height, width): height/width are image pixels.
 WORKLOADS = [  # the ones compared with torch.compile first: a time-limited run still yields the key ratios

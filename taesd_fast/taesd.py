@@ -185,6 +185,40 @@ class TAESD(nn.Module):
         """[0, 1] -> raw latents (the inverse of `scale_latents` inside the clamp range)."""
         return scaled.sub(TAESD.latent_shift).mul(2 * TAESD.latent_magnitude)
 
+    def warmup(self, shapes, part: str = "decoder") -> str:
+        """Tune ahead of deployment: run `part` ("decoder", "encoder" or "both") on random inputs of each shape with
+        blocking tuning, twice per shape (the first call makes the eager decisions, the second captures the CUDA
+        graph that later calls replay, deciding for replays), so no later call of these shapes runs PyTorch while
+        kernels are timed. Timings are stored in the cache dir for later processes. Returns the dispatch table.
+
+        shapes: (B, H, W) image sizes in pixels, or, for one part, that part's full input shape (B, C, h, w):
+            latents for the decoder, images for the encoder. Example: `model.warmup([(1, 256, 256), (64, 256, 256)])`.
+        """
+        from . import dispatch
+
+        parts = {"decoder": ("decoder",), "encoder": ("encoder",), "both": ("encoder", "decoder")}.get(part)
+        if parts is None:
+            raise ValueError(f"part must be 'decoder', 'encoder' or 'both', got {part!r}")
+        for shape in shapes:
+            shape = tuple(int(n) for n in shape)
+            if len(shape) not in (3, 4) or (len(shape) == 4 and len(parts) > 1):
+                raise ValueError(f"warmup shape {shape}: expected (B, H, W) in pixels"
+                                 + (", or the part's input shape (B, C, h, w)" if len(parts) == 1 else ""))
+            for name in parts:
+                param = self._param(name)
+                if len(shape) == 4:
+                    inputs = shape
+                elif name == "decoder":
+                    inputs = (shape[0], self.latent_channels, shape[1] // self.downscale, shape[2] // self.downscale)
+                else:
+                    inputs = (shape[0], 3, shape[1], shape[2])
+                x = torch.rand(inputs, device=param.device, dtype=param.dtype)
+                call = self.encode if name == "encoder" else self.decode
+                with dispatch.tuning("blocking"), torch.no_grad():
+                    call(x)
+                    call(x)
+        return self.dispatch_table()
+
     def dispatch_table(self) -> str:
         """Which implementation each conv layer ran with (filled in as layers run)."""
         from . import dispatch

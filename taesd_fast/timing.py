@@ -1,12 +1,12 @@
-"""GPU timing shared by the benchmark sections: CUDA events, warm-up, median, optional CUDA-graph replay."""
+"""GPU timing: CUDA events, warm-up, median, and CUDA-graph replays. A leaf module: it knows nothing of dispatch,
+so the dispatcher (which times its candidates with it) and the benchmarks can both import it."""
 
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 import torch
-
-from .graphs import capture
 
 
 def busy_gpu(us: float = 100.0) -> None:
@@ -41,9 +41,35 @@ def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
     return statistics.median(times)
 
 
-def graphed(fn):
-    """fn() captured in a CUDA graph; returns its replay (see taesd_fast.graphs.capture)."""
-    return capture(fn)[0]
+def capture_calls(fn: Callable[[], object], n: int = 1, warmup: int = 0) -> Callable[[], None]:
+    """n calls of fn() captured back to back in one CUDA graph, on the current stream's device; returns the
+    graph's replay. `warmup` eager calls on a side stream first (capture needs them for anything that allocates
+    or loads on first use).
+
+    The capture runs on a private stream in "thread_local" mode: only this thread is barred from unsafe calls
+    (allocations, synchronizes), so other threads' eager work neither fails nor breaks it. Unlike
+    `torch.cuda.graph(...)` it does not synchronize the device or empty the allocator's cache first, which would
+    wait for (or disturb) other threads' work."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            for _ in range(n):
+                fn()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph.replay
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """fn() captured in a CUDA graph after one warm-up call; returns its replay. For dispatched model calls use
+    `taesd_fast.graphs.graphed`, which lets the dispatcher decide for graph replays."""
+    return capture_calls(fn, 1, warmup=1)
 
 
 def chain_us(launch, n: int) -> float:

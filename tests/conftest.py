@@ -193,11 +193,15 @@ def no_network(monkeypatch):
 
 @pytest.fixture
 def isolated_dispatch(tmp_path, monkeypatch):
-    """Dispatch state and its timings file private to one test, and the backend mode restored after it."""
+    """Dispatch state and its timings file private to one test, blocking tuning unless the test asks otherwise,
+    and the backend and tuning modes restored after it."""
     from taesd_fast import dispatch
 
     monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TAESD_FAST_TUNING", "blocking")  # deterministic: tests of background tuning ask for it
     dispatch.clear_cache()
     yield
+    dispatch.wait_for_tuning(timeout=60)
     dispatch.clear_cache()
     dispatch.set_backend("auto")
+    dispatch.set_tuning(None)

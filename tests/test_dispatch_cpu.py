@@ -48,7 +48,7 @@ def test_cpu_conv2d_matches_reference_and_picks_torch(dtype, stride):
     table = dispatch.dispatch_table(conv)
     (row,) = [line for line in table.splitlines() if line.startswith("net.conv")]
     assert row.split()[7] == "torch" and "tc: CPU tensor" in row
-    (rec,) = dispatch._records[conv].values()
+    ((_, rec),) = dispatch.rows_of(conv)
     assert rec.choice == "torch" and rec.skipped["f16_rb"] == "CPU tensor"
 
 
@@ -77,12 +77,15 @@ def test_head_conv_cpu():
 
 
 def test_eligibility_reasons():
+    """Each conv row's support rule, and the device check that keeps CPU calls from asking CUDA-only rows."""
+    def spec(**kw):
+        fields = dict(kind="conv2d", device="cuda:0", x_shape=(1, 64, 8, 8), w_shape=(64, 64, 3, 3),
+                      dtype=torch.float16, stride=1, bias=True, residual=False, relu=True, layout="nchw")
+        fields.update(kw)
+        return dispatch.Spec(**fields)
+
     def reasons(**kw):
-        spec = dict(kind="conv2d", device="cuda:0", x_shape=(1, 64, 8, 8), w_shape=(64, 64, 3, 3),
-                    dtype=torch.float16, stride=1, bias=True, residual=False, relu=True, layout="nchw")
-        spec.update(kw)
-        s = dispatch.Spec(**spec)
-        return {c.name: c.supports(s) for c in dispatch.CANDIDATES if c.kind == "conv2d"}
+        return {r.name: r.supports(spec(**kw)) for r in dispatch.ROWS if r.kind == "conv2d"}
 
     assert reasons()["f16_rb"] is None and reasons()["torch"] is None
     assert "float16" in reasons(dtype=torch.float32)["f16_tile"]
@@ -91,9 +94,12 @@ def test_eligibility_reasons():
     assert "1..64" in reasons(w_shape=(128, 64, 3, 3))["f16_tile"]
     assert "3x3" in reasons(w_shape=(64, 64, 1, 1))["f16_ocb4"]
     assert "stride 1 only" in reasons(stride=2)["f16_rb"] and reasons(stride=2)["f16_ocb4"] is None
-    assert reasons(device="cpu")["f16_rb"] == "CPU tensor" and reasons(device="cpu")["tc"] == "CPU tensor"
     assert "upsample" in reasons(upsample=2)["f16_rb"]
     assert "clamp" in reasons(pre_clamp=True)["f16_ocb4"]
+    rows, skipped = dispatch.decide.eligible(spec(device="cpu"))
+    assert [r.name for r in rows] == ["torch"]
+    assert skipped["f16_rb"] == "CPU tensor" and skipped["tc"] == "CPU tensor"
+    assert not dispatch.decide.tunable(spec(device="cpu")) and dispatch.decide.tunable(spec())
 
 
 def test_op_validation_messages():
@@ -153,20 +159,23 @@ def test_timings_file_merges_concurrent_writers(tmp_path):
     assert not list(path.parent.glob("*.tmp"))
 
 
-def test_cached_timings_drive_auto_choice(monkeypatch):
+def test_cached_timings_drive_auto_choice():
     """Auto picks a kernel only when its cached time beats torch by the margin; forced mode picks the
-    fastest kernel. Driven through _pick with synthetic timings (no GPU needed)."""
+    fastest kernel. Driven through decide.pick with synthetic timings (no GPU needed)."""
     spec = dispatch.Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True, "nchw")
-    cands = [c for c in dispatch.CANDIDATES if c.kind == "conv2d"]
+    rows = [r for r in dispatch.ROWS if r.kind == "conv2d"]
     slow = {"ms": {"torch": 1.0, "f16_rb": 1.5, "f16_ocb4": 2.0, "f16_tile": 3.0}}
     fast = {"ms": {"torch": 1.0, "f16_rb": 0.5, "f16_ocb4": 2.0, "f16_tile": 3.0}}
     tie = {"ms": {"torch": 1.0, "f16_rb": 0.99, "f16_ocb4": 2.0, "f16_tile": 3.0}}
-    assert dispatch._pick(spec, "auto", cands, {}, slow, "t").choice == "torch"
-    assert dispatch._pick(spec, "auto", cands, {}, fast, "t").choice == "f16_rb"
-    assert dispatch._pick(spec, "auto", cands, {}, tie, "t").choice == "torch"
-    assert dispatch._pick(spec, "kernels", cands, {}, slow, "t").choice == "f16_rb"
+    pick = lambda mode, entry: dispatch.decide.pick(spec, mode, rows, {}, entry, "t", False).choice  # noqa: E731
+    assert pick("auto", slow) == "torch"
+    assert pick("auto", fast) == "f16_rb"
+    assert pick("auto", tie) == "torch"
+    assert pick("kernels", slow) == "f16_rb"
     failed = {"ms": {"torch": 1.0}, "failed": {"f16_rb": "failed: x", "f16_ocb4": "failed: x", "f16_tile": "failed: x"}}
-    assert dispatch._pick(spec, "auto", cands, {}, failed, "t").choice == "torch"
+    assert pick("auto", failed) == "torch"
+    assert pick("kernels", None) == "tc"  # no timings: the default order
+    assert dispatch.decide.pick(spec, "auto", rows, {}, fast, "t", False).run is dispatch.table.row("conv2d", "f16_rb").run
 
 
 def test_import_touches_no_cuda():
@@ -227,26 +236,28 @@ def test_decoder_hands_upsample_and_clamp_to_the_conv_and_stays_exact():
 def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
     """Inside graph_timing() the dispatcher reads and writes timings under a separate key (taken as graph replays)
     and caches its decision apart from eager calls of the same shape. Driven with synthetic timings, no GPU."""
+    from taesd_fast.dispatch import calls, decide, store
+
     spec = dispatch.Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True,
                          "channels_last")
-    cands = [c for c in dispatch.CANDIDATES if c.kind == "conv2d" and c.name in ("torch", "tc")]
-    monkeypatch.setattr(dispatch, "_eligible", lambda s: (list(cands), {}))
-    monkeypatch.setattr(dispatch, "_gpu_name", lambda device: "FakeGPU")
+    rows = [r for r in dispatch.ROWS if r.kind == "conv2d" and r.name in ("torch", "tc")]
+    monkeypatch.setattr(decide, "eligible", lambda s, mode="auto", in_capture=False: (list(rows), {}))
+    monkeypatch.setattr(decide, "device_name", lambda device: "FakeGPU")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA runtime
     eager_key, graph_key = spec.key("FakeGPU"), spec.key("FakeGPU", graph=True)
     assert eager_key != graph_key and graph_key.endswith("|graph")
-    dispatch._cached(eager_key)  # load the (empty) file first, then plant both entries
-    dispatch._timings[eager_key] = {"ms": {"torch": 0.010, "tc": 0.020}}  # eager: Triton's launch cost shows
-    dispatch._timings[graph_key] = {"ms": {"torch": 0.010, "tc": 0.004}}  # replayed: the kernel is faster
+    store.put(eager_key, {"torch": 0.010, "tc": 0.020}, {})  # eager: Triton's launch cost shows
+    store.put(graph_key, {"torch": 0.010, "tc": 0.004}, {})  # replayed: the kernel is faster
     key = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
-    assert dispatch._spec(key) == spec
-    assert dispatch._decide_eager(key, "auto", ()).choice == "torch"
+    assert dispatch.spec.spec_of(key) == spec
+    assert calls._miss(key, "auto", False, ()).choice == "torch"
     with dispatch.graph_timing():
-        rec = dispatch._decide_eager(key, "auto", ())
+        rec = calls._miss(key, "auto", True, ())
         assert rec.choice == "tc" and "graph replays" in rec.why
-    assert dispatch._decided[("auto", False, key)].choice == "torch"
-    assert dispatch._decided[("auto", True, key)].choice == "tc"
-    assert not dispatch._graph_timing  # the context restores the flag
+    assert decide.state.decided[("auto", False, key)].choice == "torch"
+    assert decide.state.decided[("auto", True, key)].choice == "tc"
+    assert not decide.state.graph  # the context restores the flag
+    assert json.loads(store.timings_path().read_text())[graph_key] == {"ms": {"torch": 0.010, "tc": 0.004}}
 
 
 def test_tc_takes_its_tma_kernel_only_for_graph_replays(monkeypatch):
@@ -257,23 +268,51 @@ def test_tc_takes_its_tma_kernel_only_for_graph_replays(monkeypatch):
     seen = []
     monkeypatch.setattr(conv_tc, "run_conv2d", lambda *args, tma: seen.append(tma))
     monkeypatch.setattr(conv_tc, "spec_ready", lambda spec, tma: seen.append(("ready", tma)))
-    tc = dispatch._by_name("conv2d", "tc")
-    tc.run(None, None, None, 1, None, True, 1, False)
-    tc.ready(None)
-    with dispatch.graph_timing():
-        tc.run(None, None, None, 1, None, True, 1, False)
-        tc.ready(None)
+    tc = dispatch.table.row("conv2d", "tc")
+    tc.runner(False)(None, None, None, 1, None, True, 1, False)
+    tc.ready(None, False)
+    tc.runner(True)(None, None, None, 1, None, True, 1, False)
+    tc.ready(None, True)
     assert seen == [False, ("ready", False), True, ("ready", True)]
 
 
 def test_tuning_bar_names_the_call_and_can_be_hidden(monkeypatch, capsys):
-    """The bar a first use of a shape shows while its kernels compile and are timed (dispatch.measure)."""
-    monkeypatch.setattr(dispatch, "_PROGRESS_DELAY_S", 0)
-    x = torch.empty(2, 64, 8, 12)
-    with dispatch._tuning_bar("conv2d", (x,), 3) as bar:
+    """The bar blocking tuning shows while a new shape's kernels compile and are timed; background tuning and
+    TAESD_FAST_PROGRESS=0 show none."""
+    from taesd_fast.dispatch import measure
+
+    monkeypatch.setattr(measure, "PROGRESS_DELAY_S", 0)
+    spec = dispatch.Spec("conv2d", "cuda:0", (2, 64, 8, 12), (64, 64, 3, 3), torch.float16, 1, True, False, True,
+                         "nchw")
+    with measure.progress_bar(spec, 3, show=True) as bar:
         bar.update(3)
     assert "taesd_fast: timing kernels for conv2d 2x64x8x12 (once per GPU)" in capsys.readouterr().err
-    monkeypatch.setenv("TAESD_FAST_PROGRESS", "0")
-    with dispatch._tuning_bar("conv2d", (x,), 3) as bar:
+    with measure.progress_bar(spec, 3, show=False) as bar:
         bar.update(3)
     assert bar.disable and capsys.readouterr().err == ""
+    monkeypatch.setenv("TAESD_FAST_PROGRESS", "0")
+    with measure.progress_bar(spec, 3, show=True) as bar:
+        bar.update(3)
+    assert bar.disable and capsys.readouterr().err == ""
+
+
+def test_import_graph_has_no_circles():
+    """timing is a leaf; dispatch imports timing, graphs imports dispatch, and neither the dispatch package nor
+    timing imports graphs."""
+    import ast
+    import pathlib
+
+    import taesd_fast
+
+    root = pathlib.Path(taesd_fast.__file__).parent
+
+    def imports(path):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                names.add((node.module or "").split(".")[0] or node.names[0].name)
+        return names
+
+    assert imports(root / "timing.py") == set()
+    for path in (root / "dispatch").glob("*.py"):
+        assert "graphs" not in imports(path), path

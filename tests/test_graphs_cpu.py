@@ -15,15 +15,16 @@ def test_cuda_graph_needs_a_cuda_example():
 # CI has no GPU: these drive the cache's bookkeeping with a stand-in for CUDAGraphed that records its captures
 # and replays by calling fn (the GPU tests check real captures).
 
-from taesd_fast import graphs  # noqa: E402
+from taesd_fast import dispatch, graphs  # noqa: E402
 
 
 class _FakeGraphed:
     captures = []
 
-    def __init__(self, fn, example):
+    def __init__(self, fn, example, wait=True):
         self.fn = fn
         self.replays = 0
+        self.generation = dispatch.generation()  # as CUDAGraphed records it
         _FakeGraphed.captures.append(tuple(example.shape))
 
     def __call__(self, x):
@@ -83,7 +84,7 @@ def test_graph_cache_keeps_the_most_recently_used(fake_graphs):
 
 
 def test_graph_cache_stays_eager_where_capture_fails(monkeypatch):
-    def failing(fn, example):
+    def failing(fn, example, wait=True):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(graphs, "CUDAGraphed", failing)
@@ -152,3 +153,22 @@ def test_parameters_of_is_cached_until_a_module_or_parameter_is_registered():
     assert fresh is not first and any(p is model.decoder[1].weight for p in fresh)
     model.decoder[1].bias = torch.nn.Parameter(torch.zeros(64))
     assert any(p is model.decoder[1].bias for p in parameters_of(model.decoder))
+
+
+def test_graph_cache_captures_again_when_the_dispatch_generation_moves(fake_graphs, monkeypatch):
+    """A graph bakes in the dispatch decisions of its capture. When tuning replaces them (the generation moves), the
+    next call of a signature that has a graph captures again at once; signatures seen once stay eager as before."""
+    cache, params = graphs.GraphCache(), []
+    fn = lambda x: x * 3  # noqa: E731
+    x, y = torch.randn(2, 3), torch.randn(5, 3)
+    cache(fn, x, params), cache(fn, x, params)  # eager, capture
+    cache(fn, y, params)  # y seen once: eager
+    assert fake_graphs == [(2, 3)]
+    generation = dispatch.generation()
+    monkeypatch.setattr(dispatch.decide.state, "generation", generation + 1)
+    assert torch.equal(cache(fn, x, params), 3 * x)
+    assert fake_graphs == [(2, 3), (2, 3)] and len(cache) == 1  # captured again, the stale graph dropped
+    cache(fn, x, params)
+    assert fake_graphs == [(2, 3), (2, 3)]  # the new graph replays
+    cache(fn, y, params)  # second call of y: its first capture, as without a generation change
+    assert fake_graphs == [(2, 3), (2, 3), (5, 3)]

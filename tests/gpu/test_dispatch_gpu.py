@@ -1,5 +1,6 @@
-"""Dispatch on the GPU: auto mode times candidates once and persists the result; forced modes; what
-always goes to PyTorch; no timing while compiling or capturing; the table."""
+"""Dispatch on the GPU with blocking tuning (tests/conftest.py's isolated_dispatch): auto mode times candidates once
+and persists the result; forced modes; what always goes to PyTorch; no timing while compiling or capturing; the
+table. Background tuning: tests/gpu/test_tuning_gpu.py."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _conv(cin, cout, k=3, stride=1, dtype=torch.float16, name="c"):
 
 
 def _rec(layer):
-    (rec,) = dispatch._records[layer].values()
+    ((_, rec),) = dispatch.rows_of(layer)
     return rec
 
 
@@ -48,7 +49,7 @@ def test_auto_times_once_and_persists(tmp_path):
     assert rec.why == "measured"
     assert set(rec.ms) == {"torch", "f16_rb", "f16_ocb4", "f16_tile"}, rec
     best_kernel = min((t for n, t in rec.ms.items() if n != "torch"))
-    assert (rec.choice != "torch") == (best_kernel < dispatch._MARGIN * rec.ms["torch"])
+    assert (rec.choice != "torch") == (best_kernel < dispatch.MARGIN * rec.ms["torch"])
     torch.testing.assert_close(y, F.relu(F.conv2d(x, conv.weight, conv.bias, padding=1)), rtol=2e-3, atol=2e-3)
     data = json.loads((tmp_path / "dispatch" / "timings.json").read_text())
     assert len(data) == 1 and torch.cuda.get_device_name() in next(iter(data))
@@ -61,7 +62,7 @@ def test_auto_times_once_and_persists(tmp_path):
 
 def test_first_timing_shows_a_progress_bar(monkeypatch, capsys):
     """Timing a new shape (compiling its kernels) shows a bar naming it; a decision from the timings does not."""
-    monkeypatch.setattr(dispatch, "_PROGRESS_DELAY_S", 0)
+    monkeypatch.setattr(dispatch.measure, "PROGRESS_DELAY_S", 0)
     conv = _conv(64, 64)
     x = torch.randn(1, 64, 40, 24, device="cuda", dtype=torch.float16)
     with torch.no_grad():

@@ -41,7 +41,7 @@ def test_capture_times_candidates_as_graph_replays():
     model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
     example = torch.randn(1, 32, 32, 32, device="cuda", dtype=torch.float16)
     preview = CUDAGraphed(model.decode, example)
-    graph_recs = [(k, r) for k, r in dispatch._decided.items() if k[1]]
+    graph_recs = [(k, r) for k, r in dispatch.decide.state.decided.items() if k[1]]
     assert graph_recs, "capture made no graph-timed decisions"
     for _, rec in graph_recs:
         if rec.ms:  # a spec with no kernel candidate is not timed
@@ -57,12 +57,13 @@ def test_measure_times_every_candidate_as_replays_and_eager_adds_launch_cost():
     w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) / 24
     x = torch.randn(1, 64, 32, 32, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     args = (x, w, torch.randn(64, device="cuda", dtype=torch.float16), 1, None, True, 1)
-    spec = dispatch._spec(dispatch._key("conv2d", *args))
-    cands, _ = dispatch._eligible(spec)
-    ms, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=True)
-    assert not failed and set(ms) == {c.name for c in cands} and all(0 < t < 10 for t in ms.values()), (ms, failed)
+    spec = dispatch.spec.spec_of(dispatch.spec.call_key("conv2d", *args))
+    meta = dispatch.spec.args_meta(args)
+    rows, _ = dispatch.decide.eligible(spec)
+    ms, failed = dispatch.measure.time_candidates(rows, spec, meta, graph=True, reps=3)
+    assert not failed and set(ms) == {r.name for r in rows} and all(0 < t < 10 for t in ms.values()), (ms, failed)
     # eager decisions add each call's CPU launch time to its GPU time: never less than the replay alone
-    eager, failed = dispatch.measure(cands, "conv2d", args, reps=3, graph=False)
+    eager, failed = dispatch.measure.time_candidates(rows, spec, meta, graph=False, reps=3)
     assert not failed and set(eager) == set(ms) and all(eager[n] > 0.8 * ms[n] + 0.002 for n in ms), (eager, ms)
 
 

@@ -67,7 +67,7 @@ def test_taef2_forced_kernels(models, B, H, W, tmp_path, monkeypatch):
     # Every 3x3 conv ran a kernel (the tensor-core one takes up to 256 channels, the SIMT ones up to 64);
     # everything else (1x1, pool branch) ran torch.
     limit = 256 if tc.triton_available() else 64
-    for rec in (r for d in dispatch._records.values() for r in d.values()):
+    for rec in (r for d in dispatch.decide.records.values() for r in d.values()):
         eligible = rec.spec.w_shape[2:] == (3, 3) and max(rec.spec.w_shape[:2]) <= limit
         assert (rec.choice != "torch") == eligible, rec
     if B == 1:

@@ -1,0 +1,93 @@
+"""The dispatched calls: conv2d, head_conv, head_full. Each builds a plain key from its arguments and looks up the
+decision for it (one dict lookup per call, which torch.compile traces into a guard); on a miss it decides (decide.py)
+or, in background tuning, runs PyTorch and queues the spec to the tuner (tuner.py)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from . import decide, table, torch_ops, tuner
+from .spec import args_meta, call_key, spec_of
+
+state = decide.state
+
+
+def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
+    """The run function for this call. The fast path is one lookup on plain tuples, so torch.compile traces it
+    (guarding on the dict) and bakes in the decision made eagerly for this shape."""
+    mode, graph = state.mode, state.graph
+    rec = state.decided.get((mode, graph, key))
+    if torch.compiler.is_compiling():
+        # Never time or compile while tracing; nothing decided eagerly for this shape means PyTorch.
+        return table.reference(key[0]).run if rec is None else rec.run
+    if rec is None:
+        rec = _miss(key, mode, graph, args)
+    if layer is not None:  # every layer gets its row, also when another layer with this shape decided first
+        recs = decide.records.get(layer)
+        if recs is None or recs.get(key) is not rec:
+            decide.records.setdefault(layer, {})[key] = rec
+    return rec.run
+
+
+def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
+    spec = spec_of(key)
+    tuning_mode = decide.get_tuning()
+    in_capture = decide.capturing(spec)
+    background = mode == "auto" and tuning_mode == "background" and decide.tunable(spec)
+    if background:
+        rec = state.final.get((graph, key))
+        if rec is None:
+            rec = decide.provisional(spec, graph)
+            tuner.submit(spec, graph, key, args_meta(args))
+    else:
+        rec = decide.decide_now(spec, mode, graph, lambda: args_meta(args), tuning_mode)
+    row = table.row(spec.kind, rec.choice)
+    if in_capture and row.kernel and not row.ready(spec, graph):  # loading a module mid-capture is unsafe
+        return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not loaded before capture",
+                             rec.ms, rec.skipped, table.reference(spec.kind).runner(graph))
+    if background or not in_capture:
+        # A decision made without timing because a capture is under way must not stick: the next eager call decides.
+        with decide.lock:
+            state.decided[(mode, graph, key)] = rec
+    return rec
+
+
+def _needs_grad(*tensors) -> bool:
+    """Our ops define no backward: a call that autograd must differentiate runs PyTorch."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int = 1,
+           residual: Tensor | None = None, relu: bool = False, upsample: int = 1, pre_clamp: bool = False,
+           layer: nn.Module | None = None) -> Tensor:
+    """y = conv2d(up(c(x)), weight, bias, stride, padding=k//2) (+ residual); relu(y) if relu, where up is a
+    nearest upsample by `upsample` (1: none) and c is `soft_clamp` if pre_clamp; kernels may fold both into the conv.
+    x: [B, C_in, H, W]; weight: [C_out, C_in, k, k]; residual: [B, C_out, Ho, Wo]."""
+    args = (x, weight, bias, stride, residual, relu, upsample, pre_clamp)
+    if state.mode == "torch" or _needs_grad(x, weight, bias, residual):
+        return torch_ops.conv2d(*args)
+    return _choose(call_key("conv2d", *args), args, layer)(*args)
+
+
+def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Module | None = None) -> Tensor:
+    """clamp(conv3d(x, weight, bias, padding=(0, 1, 1)), -1, 1).
+    x: [B, C_in, T+2, H, W] (causal frames in front); weight: [C_out, C_in, 3, 3, 3] -> [B, C_out, T, H, W]."""
+    args = (x, weight, bias)
+    if state.mode == "torch" or _needs_grad(x, weight, bias):
+        return torch_ops.head(*args)
+    return _choose(call_key("head", x, weight, bias, 1, None, False), args, layer)(*args)
+
+
+def head_full(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+              patch: int = 0, *, layer: nn.Module | None = None) -> tuple[Tensor, Tensor]:
+    """The whole output head: window = [cache | silu(rms_norm(x))] (zero frames when cache is None), then
+    (unpatchify(clamp(conv3d(window, weight, bias, padding=(0, 1, 1)), -1, 1), patch), window[:, :, -2:]).
+    x: [B, C_in, T, H, W]; cache: [B, C_in, 2, H, W] post-SiLU frames or None; patch 0: no unpatchify."""
+    args = (x, cache, gamma, weight, bias, eps, patch)
+    if state.mode == "torch" or _needs_grad(x, cache, gamma, weight, bias):
+        return torch_ops.head_full(*args)
+    # Spec.residual records whether a cache was given (the first chunk has none).
+    return _choose(call_key("head_full", x, weight, bias, 1, cache, False, patch=patch), args, layer)(*args)

@@ -1,0 +1,35 @@
+"""The PyTorch rows of the dispatch table: what runs on CPU, under autograd, in backend "torch", and on the GPU
+wherever no kernel was measured faster (cuDNN / cuBLAS)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..kernels import head as head_ops  # the head's PyTorch pieces (norm, window, unpatchify); no CUDA at import
+
+
+def soft_clamp(x: Tensor) -> Tensor:
+    """TAESD's latent clamp to (-3, 3), as upstream writes it (so the PyTorch path stays bit-identical)."""
+    return torch.tanh(x / 3) * 3
+
+
+def conv2d(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> Tensor:
+    if pre_clamp:
+        x = soft_clamp(x)
+    if upsample != 1:
+        x = F.interpolate(x, scale_factor=upsample, mode="nearest")
+    y = F.conv2d(x, w, b, stride=stride, padding=w.shape[-1] // 2)
+    if residual is not None:
+        y = y + residual
+    return torch.relu(y) if relu else y
+
+
+def head(x, w, b) -> Tensor:
+    return F.conv3d(x, w, b, padding=(0, 1, 1)).clamp(-1.0, 1.0)
+
+
+def head_full(x, cache, gamma, w, b, eps, patch=0) -> tuple[Tensor, Tensor]:
+    window = head_ops.causal_window(head_ops.activate(x, gamma, eps), cache)
+    return head_ops.unpatchify(head(window, w, b), patch), window[:, :, -2:]
