@@ -19,7 +19,7 @@ Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need P
 
 from taesd_fast import TAESD  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
-from taesd_fast.media import load_latents, save_latents  # noqa: E402
+from taesd_fast.latents_io import load_latents, save_latents  # noqa: E402
 from taesd_fast.weights_io import save_safetensors  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -107,8 +107,10 @@ def test_encode_then_decode_safetensors(capsys, image, tmp_path):
     latents_path = tmp_path / "mona.safetensors"
     code, _, _ = run(capsys, "encode", image, "-o", latents_path)
     assert code == 0
-    latents, size = load_latents(latents_path)
-    assert latents.shape == (1, 32, 12, 8) and size is None
+    latents, record = load_latents(latents_path)
+    assert latents.shape == (1, 32, 12, 8)
+    assert (record.variant, record.latent_channels, record.downscale, record.image_size, record.scale) == \
+        ("taef2", 32, 8, (96, 64), "raw")
 
     code, out, _ = run(capsys, "decode", latents_path, "-o", tmp_path / "decoded.png")
     assert code == 0 and "64x96" in out
@@ -131,10 +133,10 @@ def test_pad_keeps_the_original_size(capsys, odd_image, tmp_path):
 
     # encode --pad stores the original size; decode crops back to it.
     assert run(capsys, "encode", odd_image, "-o", tmp_path / "odd.safetensors", "--pad")[0] == 0
-    latents, size = load_latents(tmp_path / "odd.safetensors")
-    assert latents.shape[-2:] == (12, 9) and size == (90, 70)
-    assert run(capsys, "decode", tmp_path / "odd.safetensors", "-o", tmp_path / "odd.png")[0] == 0
-    with Image.open(tmp_path / "odd.png") as decoded:
+    latents, record = load_latents(tmp_path / "odd.safetensors")
+    assert latents.shape[-2:] == (12, 9) and record.image_size == (90, 70)
+    assert run(capsys, "decode", tmp_path / "odd.safetensors", "-o", tmp_path / "decoded.png")[0] == 0
+    with Image.open(tmp_path / "decoded.png") as decoded:
         assert decoded.size == (70, 90)
 
 
@@ -224,9 +226,10 @@ def test_latents_png_round_trip_with_4_channel_weights(capsys, image, odd_image,
         with Image.open(tmp_path / "decoded" / name) as decoded:
             assert decoded.size == size
 
-    # The bundled 32-channel TAEF2 cannot decode 4-channel latents: say so.
+    # The bundled 32-channel TAEF2 cannot decode taesd latents: the file says which model made them.
     code, _, err = run(capsys, "decode", tmp_path / "latents" / "mona.png", "-o", tmp_path / "x.png")
-    assert_user_error(code, err, "4-channel latents", "expects 32", "--weights")
+    assert_user_error(code, err, "made by taesd (4 latent channels", "loaded model is taef2",
+                      "--weights madebyollin/taesd")
 
 
 def test_decode_pt_with_several_latents_writes_numbered_images(capsys, tmp_path):
@@ -290,7 +293,7 @@ def test_info_model_prints_the_dispatch_table(capsys):
 
 def test_bad_device_is_a_user_error(capsys):
     code, _, err = run(capsys, "info", "--device", "nonsense")
-    assert_user_error(code, err, "'nonsense' is not a torch device")
+    assert_user_error(code, err, "--device nonsense is not a torch device")
 
 
 def test_bench_forwards_its_arguments(capsys, monkeypatch):
