@@ -35,11 +35,25 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
 
 
 def load_model(args: argparse.Namespace, *, encoder: bool = True, decoder: bool = True):
+    """The model named by --weights/--variant/--device/--dtype. The API's messages name its keyword arguments;
+    where the command line spells a choice differently, the message says the flag."""
+    from .hub import BUNDLED_DEFAULT, weights_hint
     from .taesd import TAESD
 
+    if args.weights is None and args.variant not in (None, BUNDLED_DEFAULT):
+        raise FileNotFoundError(f"only {BUNDLED_DEFAULT} weights are bundled; for {args.variant}, pass "
+                                + weights_hint(args.variant, cli=True))
+    if args.weights is not None and Path(args.weights).is_file():
+        raise ValueError(f"--weights {args.weights} is a file; pass the folder that holds it (with files named "
+                         "<variant>_encoder/_decoder .safetensors or .pth) or a Hub repo id")
     device = resolve_device(args.device)
-    return TAESD.from_pretrained(args.weights, variant=args.variant, encoder=encoder, decoder=decoder, device=device,
-                                 dtype=resolve_dtype(args.dtype, device))
+    try:
+        return TAESD.from_pretrained(args.weights, variant=args.variant, encoder=encoder, decoder=decoder,
+                                     device=device, dtype=resolve_dtype(args.dtype, device))
+    except ValueError as err:
+        if "pass variant=" not in str(err):
+            raise
+        raise ValueError(str(err).replace("pass variant=", "pass --variant")) from err
 
 
 def model_param(model) -> torch.Tensor:

@@ -92,7 +92,7 @@ def load_from_folder(folder: Path, load_encoder: bool, load_decoder: bool, varia
                                     + ", ".join(VARIANTS) + ")")
         if len(choices) > 1:
             raise ValueError(f"{folder} holds weights of several TAESD variants ({', '.join(choices)}); "
-                             "pass variant= (CLI: --variant) to choose one")
+                             "pass variant= to choose one")
         stem = choices[0]
     files = found[stem]
     return load_from_files(files.get("encoder"), files.get("decoder"))
