@@ -27,6 +27,7 @@ def check_outputs(inputs: Iterable[str | os.PathLike | None], outputs: Iterable[
     """
     existing_inputs = [Path(p) for p in inputs if p is not None and Path(p).exists()]
     seen: dict[str, Path] = {}
+    probed: set[Path] = set()
     for out in map(Path, outputs):
         key = os.path.normcase(os.path.realpath(out))
         if key in seen:
@@ -39,22 +40,30 @@ def check_outputs(inputs: Iterable[str | os.PathLike | None], outputs: Iterable[
             same = next((p for p in existing_inputs if os.path.samefile(out, p)), None)
             if same is not None:
                 raise ValueError(f"output {out} is the input {same}; refusing to overwrite an input, choose "
-                                 "another output path (-o)")
+                                 "another output path")
         if (out.exists() or out.is_symlink()) and not overwrite:
             raise FileExistsError(f"output {out} already exists; pass {OVERWRITE_FLAG} to replace it")
-        check_writable_folder(out)
+        check_writable_folder(out, probed)
 
 
-def check_writable_folder(out: Path) -> None:
-    """The folder `out` goes into exists and is writable, or can be created: checked on its nearest existing
-    ancestor, so that nothing is created before every check has passed."""
+def check_writable_folder(out: Path, probed: set[Path] | None = None) -> None:
+    """The folder `out` goes into can take a new file: tried for real (a temporary file made and removed at once)
+    in its nearest existing folder, so that nothing is created before every check has passed. A real try, not
+    os.access, because permission bits do not tell about root, read-only mounts or /sys."""
     folder = Path(os.path.abspath(out)).parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
         raise NotADirectoryError(f"cannot write {out}: {folder} is a file, not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write {out}: no write permission in {folder}")
+    if probed is not None and folder in probed:
+        return
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise PermissionError(f"cannot write {out}: {err.strerror or err} (in {folder})") from err
+    if probed is not None:
+        probed.add(folder)
 
 
 @contextmanager

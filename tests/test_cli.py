@@ -17,57 +17,26 @@ import torch
 
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
-from taesd_fast import TAESD  # noqa: E402
+from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
 from taesd_fast.latents_io import load_latents, save_latents  # noqa: E402
-from taesd_fast.weights_io import save_safetensors  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-ASSET = REPO_ROOT / "examples" / "assets" / "monalisa.jpg"
 SUBCOMMANDS = ("encode", "decode", "roundtrip", "lipsync", "bench", "info")
-
-
-def small_image(folder: Path, name: str, width: int, height: int) -> Path:
-    path = folder / name
-    with Image.open(ASSET) as im:
-        im.convert("RGB").resize((width, height), Image.BICUBIC).save(path)
-    return path
 
 
 @pytest.fixture
 def image(tmp_path) -> Path:
-    return small_image(tmp_path, "mona.png", 64, 96)
+    return small_image(tmp_path / "mona.png", 64, 96)
 
 
 @pytest.fixture
 def odd_image(tmp_path) -> Path:
-    return small_image(tmp_path, "odd.png", 70, 90)  # neither side a multiple of 8
+    return small_image(tmp_path / "odd.png", 70, 90)  # neither side a multiple of 8
 
 
 @pytest.fixture(scope="module")
 def taesd4_weights(tmp_path_factory) -> Path:
     """A folder of 4-channel (SD1.5 taesd architecture) weights, randomly initialised: enough for the PNG path."""
-    folder = tmp_path_factory.mktemp("taesd4")
-    torch.manual_seed(0)
-    model = TAESD("taesd")
-    save_safetensors(model.encoder.state_dict(), folder / "taesd_encoder.safetensors")
-    save_safetensors(model.decoder.state_dict(), folder / "taesd_decoder.safetensors")
-    return folder
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 1
-    assert err.startswith("taesd-fast: error: "), err
-    assert "Traceback" not in err
-    assert err.count("\n") == 1, err  # one line
-    for fragment in fragments:
-        assert fragment in err, err
+    return random_weights_folder(tmp_path_factory.mktemp("taesd4"), "taesd")
 
 
 def test_help_runs_as_a_module_in_a_subprocess():

@@ -11,35 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
+pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
-from taesd_fast import TAESD  # noqa: E402
+from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
-from taesd_fast.weights_io import save_safetensors  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-ASSET = REPO_ROOT / "examples" / "assets" / "monalisa.jpg"
 DEMO_CLIP = REPO_ROOT / "examples" / "assets" / "sun_3s.mp4"
-
-
-def small_image(path: Path, width: int = 64, height: int = 96) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with Image.open(ASSET) as im:
-        im.convert("RGB").resize((width, height), Image.BICUBIC).save(path)
-    return path
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 1, err
-    assert err.startswith("taesd-fast: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def cli_subprocess(*args: str, **kwargs) -> subprocess.Popen:
@@ -52,7 +29,7 @@ def cli_subprocess(*args: str, **kwargs) -> subprocess.Popen:
 
 def test_debug_shows_the_traceback(capsys, monkeypatch):
     monkeypatch.delenv("TAESD_FAST_DEBUG", raising=False)
-    assert_one_line_error(*run(capsys, "info", "--device", "nonsense")[::2], "--device nonsense is not a torch device")
+    assert_user_error(*run(capsys, "info", "--device", "nonsense")[::2], "--device nonsense is not a torch device")
     for argv in (["--debug", "info", "--device", "nonsense"], ["info", "--device", "nonsense", "--debug"]):
         with pytest.raises(ValueError, match="is not a torch device"):
             main(argv)
@@ -70,7 +47,7 @@ def test_cuda_on_a_cpu_only_torch(capsys, monkeypatch, tmp_path):
     image = small_image(tmp_path / "in.png")
     for argv in (["encode", image, "-o", tmp_path / "z.safetensors"], ["info"]):
         code, _, err = run(capsys, *argv, "--device", "cuda")
-        assert_one_line_error(code, err, "--device cuda needs CUDA", "is a CPU-only build", "use --device cpu")
+        assert_user_error(code, err, "--device cuda needs CUDA", "is a CPU-only build", "use --device cpu")
     assert not (tmp_path / "z.safetensors").exists()
 
 
@@ -98,7 +75,7 @@ def test_a_folder_of_images_is_encoded_image_by_image_in_order(capsys, tmp_path)
 def test_a_folder_without_images_is_a_one_line_error(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "roundtrip", tmp_path / "empty", "-o", tmp_path / "out")
-    assert_one_line_error(code, err, f"folder {tmp_path / 'empty'} holds no images", ".png")
+    assert_user_error(code, err, f"folder {tmp_path / 'empty'} holds no images", ".png")
 
 
 def test_weights_given_as_a_file(capsys, tmp_path):
@@ -107,7 +84,7 @@ def test_weights_given_as_a_file(capsys, tmp_path):
     image = small_image(tmp_path / "in.png")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights",
                        BUNDLED_DIR / "taef2_decoder.safetensors")
-    assert_one_line_error(code, err, "is a file; pass the folder that holds it")
+    assert_user_error(code, err, "is a file; pass the folder that holds it")
     assert "decoder_path=" not in err  # an API keyword, not a flag of this command
 
 
@@ -117,7 +94,7 @@ def test_cli_suggests_flags_and_real_sources(capsys, tmp_path):
 
     image = small_image(tmp_path / "in.png")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--variant", "taesana")
-    assert_one_line_error(code, err, "only taef2 weights are bundled", "--weights FOLDER --variant taesana",
+    assert_user_error(code, err, "only taef2 weights are bundled", "--weights FOLDER --variant taesana",
                           "github.com/madebyollin/taesd")
     assert "madebyollin/taesana" not in err and "variant=" not in err
 
@@ -125,11 +102,9 @@ def test_cli_suggests_flags_and_real_sources(capsys, tmp_path):
     folder.mkdir()
     for name in ("taef2_encoder.safetensors", "taef2_decoder.safetensors"):
         (folder / name).write_bytes((BUNDLED_DIR / name).read_bytes())
-    model = TAESD("taesd")
-    save_safetensors(model.encoder.state_dict(), folder / "taesd_encoder.safetensors")
-    save_safetensors(model.decoder.state_dict(), folder / "taesd_decoder.safetensors")
+    random_weights_folder(folder, "taesd")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights", folder)
-    assert_one_line_error(code, err, "several TAESD variants (taesd, taef2)", "pass --variant to choose one")
+    assert_user_error(code, err, "several TAESD variants (taesd, taef2)", "pass --variant to choose one")
     assert "variant=" not in err
 
 
@@ -159,7 +134,7 @@ def test_lipsync_on_files_that_are_not_videos(capsys, av, tmp_path):
     truncated.write_bytes(DEMO_CLIP.read_bytes()[:20000])
     for video in (fake, truncated):
         code, _, err = run(capsys, "lipsync", video, "-o", tmp_path / "out.mp4", "--max-frames", "1")
-        assert_one_line_error(code, err, f"cannot read video {video}: Invalid data found when processing input")
+        assert_user_error(code, err, f"cannot read video {video}: Invalid data found when processing input")
         assert "[Errno" not in err
     assert not (tmp_path / "out.mp4").exists()
 

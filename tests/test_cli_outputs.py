@@ -10,30 +10,8 @@ import pytest
 
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
-from taesd_fast.cli import main  # noqa: E402
+from cli_helpers import assert_user_error, run, small_image  # noqa: E402
 from taesd_fast.output_files import atomic_write, check_outputs  # noqa: E402
-
-ASSET = Path(__file__).resolve().parents[1] / "examples" / "assets" / "monalisa.jpg"
-
-
-def small_image(path: Path, width: int = 64, height: int = 96) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with Image.open(ASSET) as im:
-        im.convert("RGB").resize((width, height), Image.BICUBIC).save(path)
-    return path
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 1, err
-    assert err.startswith("taesd-fast: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def files_in(folder: Path) -> dict[str, bytes]:
@@ -56,7 +34,7 @@ def test_roundtrip_into_the_input_folder_refuses_to_replace_the_input(capsys, fo
     before = files_in(folder)
     for extra in ([], ["--overwrite"]):  # --overwrite allows replacing outputs, never inputs
         code, _, err = run(capsys, "roundtrip", "d/x.png", "--pad", "-o", out, *extra)
-        assert_one_line_error(code, err, "is the input d/x.png", "refusing to overwrite an input")
+        assert_user_error(code, err, "is the input d/x.png", "refusing to overwrite an input")
     assert files_in(folder) == before
 
 
@@ -67,7 +45,7 @@ def test_encode_then_decode_into_the_same_folder_keeps_the_image(capsys, folder)
     assert (folder / "x.safetensors").is_file()
     # decode does not read x.png, so only the existing-output rule protects it: --overwrite must be asked for.
     code, _, err = run(capsys, "decode", folder / "x.safetensors", "-o", f"{folder}/")
-    assert_one_line_error(code, err, f"output {folder}/x.png already exists; pass --overwrite")
+    assert_user_error(code, err, f"output {folder}/x.png already exists; pass --overwrite")
     assert (folder / "x.png").read_bytes() == image_bytes
 
 
@@ -77,7 +55,7 @@ def test_an_output_that_is_a_link_to_the_input_is_refused(capsys, tmp_path, link
     link(image, tmp_path / "alias.png")
     before = image.read_bytes()
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "alias.png", "--overwrite")
-    assert_one_line_error(code, err, "alias.png is the input", "refusing to overwrite an input")
+    assert_user_error(code, err, "alias.png is the input", "refusing to overwrite an input")
     assert image.read_bytes() == before
 
 
@@ -87,7 +65,7 @@ def test_an_existing_output_needs_overwrite(capsys, tmp_path):
     out.parent.mkdir()
     out.write_bytes(b"an earlier result")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out")
-    assert_one_line_error(code, err, f"output {out} already exists", "--overwrite")
+    assert_user_error(code, err, f"output {out} already exists", "--overwrite")
     assert out.read_bytes() == b"an earlier result"
     code, _, _ = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--overwrite")
     assert code == 0
@@ -101,7 +79,7 @@ def test_every_output_is_checked_before_any_is_written(capsys, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "b.safetensors").write_bytes(b"keep me")
     code, _, err = run(capsys, "encode", first, second, "-o", tmp_path / "out")
-    assert_one_line_error(code, err, "b.safetensors already exists")
+    assert_user_error(code, err, "b.safetensors already exists")
     assert files_in(tmp_path / "out") == {"b.safetensors": b"keep me"}  # a.safetensors was not written either
 
 
@@ -118,7 +96,7 @@ def test_a_failed_write_leaves_the_previous_output_intact(capsys, tmp_path, monk
 
     monkeypatch.setattr(media, "save_image", crash_half_way)
     code, _, err = run(capsys, "roundtrip", image, "-o", out, "--overwrite")
-    assert_one_line_error(code, err, f"cannot write {out}: No space left on device")
+    assert_user_error(code, err, f"cannot write {out}: No space left on device")
     assert out.read_bytes() == b"the good earlier result"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.png", "out.png"]  # the partial file is gone
 
@@ -128,8 +106,9 @@ def test_an_unwritable_output_is_a_one_line_error(capsys, tmp_path):
     image = small_image(tmp_path / "in.png")
     if not Path("/sys").is_dir():
         pytest.skip("no /sys on this system")
-    code, _, err = run(capsys, "encode", image, "-o", "/sys/x.safetensors")
-    assert_one_line_error(code, err, "/sys/x.safetensors")
+    code, out, err = run(capsys, "encode", image, "-o", "/sys/x.safetensors")
+    assert_user_error(code, err, "cannot write /sys/x.safetensors: ")
+    assert out == ""  # refused before encoding anything
     assert not Path("/sys/x.safetensors").exists()
 
 
@@ -144,13 +123,13 @@ def test_a_read_only_folder_is_a_one_line_error(capsys, tmp_path):
         code, _, err = run(capsys, "encode", image, "-o", locked / "x.safetensors")
     finally:
         locked.chmod(0o700)
-    assert_one_line_error(code, err, f"cannot write {locked / 'x.safetensors'}", "no write permission")
+    assert_user_error(code, err, f"cannot write {locked / 'x.safetensors'}: Permission denied")
 
 
 def test_an_output_under_a_file_is_a_one_line_error(capsys, tmp_path):
     image = small_image(tmp_path / "in.png")
     code, _, err = run(capsys, "encode", image, "-o", tmp_path / "in.png" / "x.safetensors")
-    assert_one_line_error(code, err, "is a file, not a folder")
+    assert_user_error(code, err, "is a file, not a folder")
 
 
 def test_lipsync_never_writes_over_its_video(capsys, tmp_path):
@@ -162,7 +141,7 @@ def test_lipsync_never_writes_over_its_video(capsys, tmp_path):
     os.symlink(video, tmp_path / "alias.mp4")
     for out in (video, tmp_path / "alias.mp4", tmp_path / "." / "clip.mp4"):
         code, _, err = run(capsys, "lipsync", video, "-o", out, "--overwrite", "--max-frames", "1")
-        assert_one_line_error(code, err, "refusing to overwrite an input")
+        assert_user_error(code, err, "refusing to overwrite an input")
     assert video.read_bytes() == DEMO_CLIP.read_bytes()
 
 

@@ -10,26 +10,20 @@ import pytest
 
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
+from cli_helpers import run, small_image  # noqa: E402
 from taesd_fast import TAESD  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
 from taesd_fast.latents_io import load_latents  # noqa: E402
 
-ASSET = Path(__file__).resolve().parents[1] / "examples" / "assets" / "monalisa.jpg"
-
 
 @pytest.fixture
 def image(tmp_path) -> Path:
-    path = tmp_path / "mona.png"
-    with Image.open(ASSET) as im:
-        im.convert("RGB").resize((96, 128), Image.BICUBIC).save(path)
-    return path
+    return small_image(tmp_path / "mona.png", 96, 128)
 
 
-def run(capsys, *argv) -> int:
-    code = main([str(a) for a in argv])
-    _, err = capsys.readouterr()
+def ok(capsys, *argv) -> None:
+    code, _, err = run(capsys, *argv)
     assert code == 0, err
-    return code
 
 
 def pixels(path: Path) -> np.ndarray:
@@ -38,14 +32,14 @@ def pixels(path: Path) -> np.ndarray:
 
 
 def test_tiled_encode_and_decode_match_untiled(capsys, image, tmp_path):
-    run(capsys, "encode", image, "-o", tmp_path / "whole.safetensors")
-    run(capsys, "encode", image, "-o", tmp_path / "tiled.safetensors", "--tile", "64")
+    ok(capsys, "encode", image, "-o", tmp_path / "whole.safetensors")
+    ok(capsys, "encode", image, "-o", tmp_path / "tiled.safetensors", "--tile", "64")
     whole, tiled = load_latents(tmp_path / "whole.safetensors")[0], load_latents(tmp_path / "tiled.safetensors")[0]
     assert whole.shape == tiled.shape == (1, 32, 16, 12)
     assert (whole - tiled).abs().max().item() <= 1e-4 * whole.abs().max().item()
 
-    run(capsys, "decode", tmp_path / "whole.safetensors", "-o", tmp_path / "whole.png")
-    run(capsys, "decode", tmp_path / "whole.safetensors", "-o", tmp_path / "tiled.png", "--tile", "64")
+    ok(capsys, "decode", tmp_path / "whole.safetensors", "-o", tmp_path / "whole.png")
+    ok(capsys, "decode", tmp_path / "whole.safetensors", "-o", tmp_path / "tiled.png", "--tile", "64")
     assert np.abs(pixels(tmp_path / "whole.png") - pixels(tmp_path / "tiled.png")).max() <= 1  # 8-bit rounding
 
 
@@ -62,9 +56,9 @@ def test_tile_auto_is_passed_through(capsys, image, tmp_path, monkeypatch):
 
     monkeypatch.setattr(TAESD, "encode", spy(encode))
     monkeypatch.setattr(TAESD, "decode", spy(decode))
-    run(capsys, "roundtrip", image, "-o", tmp_path / "rt", "--tile", "auto")
-    run(capsys, "encode", image, "-o", tmp_path / "z.safetensors", "--tile", "AUTO")
-    run(capsys, "decode", tmp_path / "z.safetensors", "-o", tmp_path / "z.png", "--tile", "64")
+    ok(capsys, "roundtrip", image, "-o", tmp_path / "rt", "--tile", "auto")
+    ok(capsys, "encode", image, "-o", tmp_path / "z.safetensors", "--tile", "AUTO")
+    ok(capsys, "decode", tmp_path / "z.safetensors", "-o", tmp_path / "z.png", "--tile", "64")
     assert seen == ["auto", "auto", "auto", 64]
 
 

@@ -15,35 +15,15 @@ import torch
 
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
+from cli_helpers import random_weights_folder, run, small_image  # noqa: E402
 from taesd_fast import TAESD, __version__  # noqa: E402
-from taesd_fast.cli import main  # noqa: E402
 from taesd_fast.latents_io import LatentsRecord, load_latents, save_latents, save_latents_png  # noqa: E402
-from taesd_fast.weights_io import save_safetensors  # noqa: E402
-
-ASSET = Path(__file__).resolve().parents[1] / "examples" / "assets" / "monalisa.jpg"
-
-
-def small_image(path: Path, width: int, height: int) -> Path:
-    with Image.open(ASSET) as im:
-        im.convert("RGB").resize((width, height), Image.BICUBIC).save(path)
-    return path
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
 def taesana_folder(tmp_path_factory) -> Path:
     """taesana_encoder/_decoder.safetensors with random weights."""
-    folder = tmp_path_factory.mktemp("taesana")
-    torch.manual_seed(0)
-    model = TAESD("taesana")
-    save_safetensors(model.encoder.state_dict(), folder / "taesana_encoder.safetensors")
-    save_safetensors(model.decoder.state_dict(), folder / "taesana_decoder.safetensors")
-    return folder
+    return random_weights_folder(tmp_path_factory.mktemp("taesana"), "taesana")
 
 
 def test_taesana_latents_decoded_with_taef2_are_refused(capsys, tmp_path, taesana_folder):
