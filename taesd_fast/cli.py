@@ -1,28 +1,40 @@
 """The `taesd-fast` command: encode, decode, roundtrip, lipsync, bench, info.
 
-Exit codes: 0 success; 1 a user-facing error (missing file, bad shape, unusable weights), printed as
-`taesd-fast: error: <message>` with no traceback (set TAESD_FAST_DEBUG=1 to get one); 2 a usage error (argparse).
-Pillow/PyAV are imported only by the commands that need them (the `media` extra).
+Exit codes: 0 success; 1 a user-facing error (missing file, bad shape, unusable weights, an output that exists),
+printed as `taesd-fast: error: <message>` on one line (--debug or TAESD_FAST_DEBUG=1 show the traceback); 2 a usage
+error (argparse). No command writes over a file it reads, or over an existing file without --overwrite, and every
+output is written whole or not at all (taesd_fast.output_files). Pillow/PyAV are imported only by the commands that
+need them (the `media` extra).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .architecture import VARIANTS
+from .cli_support import (
+    DEBUG_ENV, DTYPES, PROG, debug_wanted, load_model, model_param, one_line, one_line_warnings, output_paths,
+    parse_tile, positive_int, print_error, resolve_device, silence_stdout, user_errors, wrong_suffix,
+)
+from .output_files import OVERWRITE_FLAG, atomic_write, check_outputs
 
-PROG = "taesd-fast"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:
+    from .latents_io import LatentsRecord
+
 BACKENDS = ("auto", "torch", "kernels")
 DECODE_BATCH = 16
-PAD_HELP = ("pad images whose sides are not a multiple of 8 by repeating their edge pixels, and crop the decoded "
-            "result back to the original size (without it, such images are an error)")
+PAD_HELP = ("pad images whose sides are not a multiple of the model's downscale factor (8; 32 for taesana) by "
+            "repeating their edge pixels, and crop the decoded result back to the original size (without it, such "
+            "images are an error)")
+TILE_HELP = ("work in tiles of SIZE image pixels (a multiple of 8; 32 for taesana) to bound memory on large images, "
+             "or 'auto' for the largest tile that fits the free memory; the result equals the untiled one")
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -31,7 +43,7 @@ PAD_HELP = ("pad images whose sides are not a multiple of 8 by repeating their e
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--weights", metavar="ID_OR_DIR",
-                       help="Hub repo id (e.g. madebyollin/taesd) or local folder of TAESD weights "
+                       help="Hub repo id (e.g. madebyollin/taesdxl) or local folder of TAESD weights "
                             "(default: the bundled TAEF2 weights, offline)")
     group.add_argument("--variant", choices=list(VARIANTS),
                        help="which variant's files to load when --weights names a folder or repo holding several")
@@ -42,33 +54,35 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                             "kernels = custom kernels wherever they apply (default: auto)")
 
 
+def add_output_arguments(parser: argparse.ArgumentParser, metavar: str, tile: bool = True) -> None:
+    """-o, --overwrite and (for image commands) --tile."""
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar=metavar)
+    parser.add_argument(OVERWRITE_FLAG, action="store_true",
+                        help="replace output files that already exist (inputs are never replaced)")
+    if tile:
+        parser.add_argument("--tile", type=parse_tile, metavar="SIZE|auto", help=TILE_HELP)
+
+
 def add_lipsync_arguments(parser: argparse.ArgumentParser) -> None:
     """The lip-sync options, shared by `taesd-fast lipsync` and examples/lipsync.py."""
     from .facebox import DEMO_CLIP, SUN_FACE_BOX
 
     parser.add_argument("video", type=Path, nargs="?",
-                        help="talking-head video (any format PyAV/FFmpeg reads); default: the repository's demo "
-                             f"clip examples/assets/{DEMO_CLIP.name}, the first 3 s of shared/data/video/sun.mp4")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="output .mp4 (H.264, same fps and size)")
+                        help="talking-head video (any format PyAV/FFmpeg reads); default: the repository's 3 s demo "
+                             f"clip examples/assets/{DEMO_CLIP.name}")
+    add_output_arguments(parser, "OUT.mp4", tile=False)
     parser.add_argument("--box", default=str(SUN_FACE_BOX), metavar="X0,Y0,X1,Y1",
                         help="face box in pixels, ideally square; its lower half is replaced "
-                             f"(default: {SUN_FACE_BOX}, the face in shared/data/video/sun.mp4)")
+                             f"(default: {SUN_FACE_BOX}, the face in the demo clip)")
     parser.add_argument("--latents", type=Path,
                         help="[N, C, 32, 32] latents of the 256² face crops, one per frame, as .safetensors (key "
                              "'latents') or .pt; without it the crops are encoded and decoded (round trip)")
-    parser.add_argument("--batch-size", type=_positive_int, default=8, help="frames per model call (default: 8)")
-    parser.add_argument("--max-frames", type=_positive_int, help="process only the first N frames")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="frames per model call (default: 8)")
+    parser.add_argument("--max-frames", type=positive_int, help="process only the first N frames")
     parser.add_argument("--crf", type=int, default=18, help="H.264 quality, 0 = lossless, 51 = worst (default: 18)")
     parser.add_argument("--preset", default="veryfast",
                         help="libx264 speed preset, ultrafast ... veryslow: slower gives smaller files (default: veryfast)")
     add_model_arguments(parser)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,37 +91,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Fast TAESD tiny autoencoder: encode, decode, lip-sync "
                                      "video decoding, benchmarks.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_ENV}=1)")
+    # Also accepted after the subcommand; SUPPRESS keeps a subcommand's default from undoing a --debug given before it.
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("encode", help="images -> latents (.safetensors, or 8-bit .png)",
-                       description="Encode images to latents. -o is a file for one image, else a directory "
-                                   "(one <name>.safetensors or <name>.png per image).")
-    p.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
+    p = sub.add_parser("encode", parents=[debug], help="images -> latents (.safetensors, or 8-bit .png)",
+                       description="Encode images (or every image in a folder, sorted) to latents. -o is a file "
+                                   "for one image, else a directory (one <name>.safetensors or <name>.png per "
+                                   "image). The file records the model and the image size, for decode.")
+    p.add_argument("images", nargs="+", type=Path, metavar="IMAGE_OR_DIR")
+    add_output_arguments(p, "OUT")
     p.add_argument("--png", action="store_true",
                    help="write 8-bit latents PNGs (TAESD.scale_latents); only for models with at most 4 latent "
                         "channels (taesd, taesdxl), not the bundled 32-channel TAEF2")
-    p.add_argument("--pad", action="store_true", help=PAD_HELP + "; the original size is stored in the file")
+    p.add_argument("--pad", action="store_true", help=PAD_HELP + " (decode crops back to the size in the file)")
     add_model_arguments(p)
     p.set_defaults(func=cmd_encode)
 
-    p = sub.add_parser("decode", help="latents (.safetensors, .pt, .png) -> images (.png)",
-                       description="Decode latents files to PNG images. -o is a file for one latent, else a "
-                                   "directory. Files with several latents [N, C, h, w] give <name>_0000.png, ...")
-    p.add_argument("latents", nargs="+", type=Path, metavar="LATENTS")
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
+    p = sub.add_parser("decode", parents=[debug], help="latents (.safetensors, .pt, .png) -> images (.png)",
+                       description="Decode latents files (or a folder of them) to PNG images. -o is a file for "
+                                   "one latent, else a directory. Files with several latents [N, C, h, w] give "
+                                   "<name>_0000.png, ... Latents made by another model than the loaded one are "
+                                   "refused; padded images are cropped back to their recorded size.")
+    p.add_argument("latents", nargs="+", type=Path, metavar="LATENTS_OR_DIR")
+    add_output_arguments(p, "OUT")
     add_model_arguments(p)
     p.set_defaults(func=cmd_decode)
 
-    p = sub.add_parser("roundtrip", help="encode + decode images, print PSNR",
-                       description="Encode and decode each image, write <OUTDIR>/<name>.png, print its PSNR.")
-    p.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUTDIR")
+    p = sub.add_parser("roundtrip", parents=[debug], help="encode + decode images, print PSNR",
+                       description="Encode and decode each image (or every image in a folder, sorted), write "
+                                   "<OUTDIR>/<name>.png, print its PSNR.")
+    p.add_argument("images", nargs="+", type=Path, metavar="IMAGE_OR_DIR")
+    add_output_arguments(p, "OUTDIR")
     p.add_argument("--pad", action="store_true", help=PAD_HELP)
     add_model_arguments(p)
     p.set_defaults(func=cmd_roundtrip)
 
-    p = sub.add_parser("lipsync", help="decode lip-sync face latents into a talking-head video",
+    p = sub.add_parser("lipsync", parents=[debug], help="decode lip-sync face latents into a talking-head video",
                        description="Crop the face box of every frame to 256², decode its latents (or round-trip the "
                                    "crop), paste the lower half of the face back with a feathered mask, and write an "
                                    "mp4 with the same fps, size and audio. Prints decode and end-to-end fps.")
@@ -118,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="benchmarks, need a CUDA GPU (taesd-fast bench --help for its options)",
                    add_help=False)
 
-    p = sub.add_parser("info", help="versions, device, kernel availability",
+    p = sub.add_parser("info", parents=[debug], help="versions, device, kernel availability",
                        description="Print versions, the default device and whether the custom kernels can run.")
     p.add_argument("--model", action="store_true",
                    help="also load the model, run one small decode and print the dispatch table")
@@ -130,84 +152,45 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def resolve_device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device (expected e.g. cpu, cuda, cuda:1)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name} asked for CUDA, but torch sees no CUDA device "
-                             f"(torch {torch.__version__}); use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
-    return device
+def _image_inputs(args: argparse.Namespace, model) -> tuple[list[Path], list[tuple[int, int]]]:
+    """The image files (folders expanded), and their (H, W): every one exists, is an image and (without --pad)
+    fits the model, before any output is written."""
+    from .media import IMAGE_SUFFIXES, check_image_file_size, collect_files, image_size
 
-
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    if name is None:
-        return torch.float16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
-
-
-def load_model(args: argparse.Namespace, *, encoder: bool = True, decoder: bool = True):
-    from .taesd import TAESD
-
-    device = resolve_device(args.device)
-    return TAESD.from_pretrained(args.weights, variant=args.variant, encoder=encoder, decoder=decoder, device=device,
-                                 dtype=resolve_dtype(args.dtype, device))
-
-
-def _param(model) -> torch.Tensor:
-    return next(model.parameters())
-
-
-def output_paths(inputs: list[Path], out: Path, suffix: str) -> list[Path]:
-    """One output per input: `out` itself when it is a file name ending in `suffix` (one input only),
-    else `out/<input stem><suffix>` (the directory is created)."""
-    if out.suffix.lower() == suffix:
-        if len(inputs) != 1:
-            raise ValueError(f"-o {out} is a single file but {len(inputs)} inputs were given; pass a directory")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return [out]
-    if out.suffix and not out.is_dir():
-        raise wrong_suffix(out, f"a {suffix} file or a directory")
-    stems = [p.stem for p in inputs]
-    duplicates = sorted({s for s in stems if stems.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"several inputs are named {', '.join(duplicates)}: their outputs in {out} would collide")
-    out.mkdir(parents=True, exist_ok=True)
-    return [out / f"{stem}{suffix}" for stem in stems]
-
-
-def wrong_suffix(out: Path, expected: str) -> ValueError:
-    """The error for an -o path whose suffix names the wrong kind of file."""
-    given = f"a {out.suffix} file" if out.suffix else "a name without a suffix"
-    return ValueError(f"-o {out}: expected {expected}, not {given}")
-
-
-def _check_images(paths: list[Path], model, pad: bool) -> None:
-    """Every input exists, is an image and (without --pad) fits the model, before any output is written."""
-    from .media import check_image_file_size, image_size
-
-    for path in paths:
-        size = image_size(path)
-        if not pad:
+    paths = collect_files(args.images, IMAGE_SUFFIXES, "images")
+    sizes = [image_size(path) for path in paths]
+    if not args.pad:
+        for path, size in zip(paths, sizes):
             check_image_file_size(size, model.downscale, str(path))
+    return paths, sizes
 
 
-def _prepare(path: Path, model, pad: bool) -> tuple[torch.Tensor, tuple[int, int]]:
-    """Load an image for the model, padded when asked; returns it with its original (H, W)."""
+def _prepare(path: Path, model, pad: bool) -> torch.Tensor:
+    """Load an image for the model, padded when asked."""
     from .media import load_image, pad_to_multiple
 
     image = load_image(path)
-    size = tuple(image.shape[-2:])
     if pad:
         image = pad_to_multiple(image, model.downscale)
-    param = _param(model)
-    return image.to(device=param.device, dtype=param.dtype), size
+    param = model_param(model)
+    return image.to(device=param.device, dtype=param.dtype)
+
+
+def _load_checked_latents(path: Path, model) -> tuple[torch.Tensor, LatentsRecord | None]:
+    """A latents file that the model can decode: made by it (by the file's record), or without a record (a
+    warning) and of the model's channel count."""
+    from .latents_io import load_latents
+
+    latents, record = load_latents(path)
+    if record is not None:
+        record.check_model(model, path, cli=True)
+    if record is None or record.variant is None:
+        warnings.warn(f"{path} does not record which model made it (not written by taesd-fast encode); "
+                      f"decoding it as {model.variant} latents", stacklevel=2)
+    if latents.shape[1] != model.latent_channels:
+        raise ValueError(f"{path} holds {latents.shape[1]}-channel latents but the {model.variant} model "
+                         f"expects {model.latent_channels}; pass --weights for the VAE that made them")
+    return latents, record
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -220,7 +203,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    from .media import save_latents, save_latents_png
+    from .latents_io import LatentsRecord, save_latents, save_latents_png
 
     as_png = args.png or args.output.suffix.lower() == ".png"
     if args.png and args.output.suffix.lower() == ".safetensors":
@@ -229,40 +212,45 @@ def cmd_encode(args: argparse.Namespace) -> int:
     if as_png and model.latent_channels > 4:
         raise ValueError(f"--png needs a model with at most 4 latent channels; {model.variant} has "
                          f"{model.latent_channels} (use .safetensors, or --weights with taesd/taesdxl weights)")
-    _check_images(args.images, model, args.pad)
-    outputs = output_paths(args.images, args.output, ".png" if as_png else ".safetensors")
-    for path, out in zip(args.images, outputs):
-        image, size = _prepare(path, model, args.pad)
+    paths, sizes = _image_inputs(args, model)
+    outputs = output_paths(paths, args.output, ".png" if as_png else ".safetensors")
+    check_outputs(paths, outputs, overwrite=args.overwrite)
+    for path, out, size in zip(paths, outputs, sizes):
+        image = _prepare(path, model, args.pad)
         with torch.inference_mode():
-            latents = model.encode(image).float()
-        kept_size = size if tuple(image.shape[-2:]) != size else None  # only padded images need cropping back
-        (save_latents_png if as_png else save_latents)(latents, out, kept_size)
+            latents = model.encode(image, tile_size=args.tile).float()
+        with atomic_write(out) as partial:
+            (save_latents_png if as_png else save_latents)(latents, partial, LatentsRecord.for_model(model, size))
         print(f"{path} -> {out}  latents {tuple(latents.shape)}")
     return 0
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from .media import load_latents, save_image
+    from .latents_io import LATENT_SUFFIXES
+    from .media import collect_files, save_image
 
-    missing = [str(p) for p in args.latents if not p.is_file()]
+    paths = collect_files(args.latents, LATENT_SUFFIXES, "latents files")
+    missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"latents file not found: {', '.join(missing)}")
     model = load_model(args, encoder=False)
-    param = _param(model)
-    outputs = output_paths(args.latents, args.output, ".png")
-    for path, out in zip(args.latents, outputs):
-        latents, size = load_latents(path)
-        if latents.shape[1] != model.latent_channels:
-            raise ValueError(f"{path} holds {latents.shape[1]}-channel latents but the {model.variant} model "
-                             f"expects {model.latent_channels}; pass --weights for the VAE that made them")
-        names = [out] if len(latents) == 1 else [out.with_name(f"{out.stem}_{i:04d}.png") for i in range(len(latents))]
+    param = model_param(model)
+    loaded = [_load_checked_latents(path, model) for path in paths]  # every file is checked before any output
+    outputs = output_paths(paths, args.output, ".png")
+    names = [[out] if len(latents) == 1 else [out.with_name(f"{out.stem}_{i:04d}.png") for i in range(len(latents))]
+             for out, (latents, _) in zip(outputs, loaded)]
+    check_outputs(paths, [name for group in names for name in group], overwrite=args.overwrite)
+    for path, (latents, record), group in zip(paths, loaded, names):
+        size = record.image_size if record is not None else None
         for first in range(0, len(latents), DECODE_BATCH):  # in batches: a file may hold a whole video's latents
+            batch = latents[first:first + DECODE_BATCH].to(device=param.device, dtype=param.dtype)
             with torch.inference_mode():
-                images = model.decode(latents[first:first + DECODE_BATCH].to(device=param.device, dtype=param.dtype))
-            if size is not None:  # encoded with --pad: drop the padding
+                images = model.decode(batch, tile_size=args.tile)
+            if size is not None:  # the image size before encode --pad: drop the padding
                 images = images[..., : size[0], : size[1]]
-            for image, name in zip(images, names[first:]):
-                save_image(image, name)
+            for image, name in zip(images, group[first:]):
+                with atomic_write(name) as partial:
+                    save_image(image, partial)
                 print(f"{path} -> {name}  {image.shape[-1]}x{image.shape[-2]}")
     return 0
 
@@ -271,13 +259,16 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
     from .media import save_image
 
     model = load_model(args)
-    _check_images(args.images, model, args.pad)
-    outputs = output_paths(args.images, args.output, ".png")  # a suffix-less OUTDIR is always a directory
-    for path, out in zip(args.images, outputs):
-        image, (height, width) = _prepare(path, model, args.pad)
+    paths, sizes = _image_inputs(args, model)
+    outputs = output_paths(paths, args.output, ".png")  # a suffix-less OUTDIR is always a directory
+    check_outputs(paths, outputs, overwrite=args.overwrite)
+    for path, out, (height, width) in zip(paths, outputs, sizes):
+        image = _prepare(path, model, args.pad)
         with torch.inference_mode():
-            decoded = model.decode(model.encode(image))[..., :height, :width]
-        save_image(decoded, out)
+            latents = model.encode(image, tile_size=args.tile)
+            decoded = model.decode(latents, tile_size=args.tile)[..., :height, :width]
+        with atomic_write(out) as partial:
+            save_image(decoded, partial)
         print(f"{path}: PSNR {psnr(decoded, image[..., :height, :width]):.2f} dB ({width}x{height}) -> {out}")
     return 0
 
@@ -293,9 +284,13 @@ def cmd_lipsync(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"no video given, and the demo clip {DEMO_CLIP} is missing (it ships with the "
                                     "repository, not the installed package); pass a video")
         args.video = DEMO_CLIP
+    if not args.video.is_file():
+        raise FileNotFoundError(f"video not found: {args.video}")
+    check_outputs([args.video, args.latents], [args.output], overwrite=args.overwrite)
     box = Box.parse(args.box)
     model = load_model(args, encoder=args.latents is None)  # decoding given latents needs no encoder
-    stats = lipsync_video(args.video, args.output, model, box=box, latents=args.latents, batch_size=args.batch_size,
+    latents = _load_checked_latents(args.latents, model)[0] if args.latents is not None else None
+    stats = lipsync_video(args.video, args.output, model, box=box, latents=latents, batch_size=args.batch_size,
                           max_frames=args.max_frames, crf=args.crf, preset=args.preset)
     print(f"wrote {args.output}")
     print(stats.summary())
@@ -331,7 +326,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"Triton kernels (tensor-core conv, head norm): {'available' if t_reason is None else 'unavailable (' + t_reason + ')'}")
     if args.model:
         model = load_model(args, encoder=False)
-        param = _param(model)
+        param = model_param(model)
         latents = torch.randn(1, model.latent_channels, 8, 8, device=device, dtype=param.dtype)
         with torch.inference_mode():
             tick = time.perf_counter()
@@ -348,35 +343,30 @@ def cmd_info(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ entry point
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = (OSError, ValueError, TypeError, RuntimeError)
-    av = sys.modules.get("av")  # only a command that imported PyAV can raise its errors
-    return errors + ((av.error.FFmpegError,) if av is not None else ())
-
-
-def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 1
-
-
 def run_command(func, args: argparse.Namespace) -> int:
-    """Run func(args) under --backend, turning user-facing errors into a message and exit code 1."""
+    """Run func(args) under --backend: errors a user can fix print one line and exit 1 (--debug: the traceback),
+    warnings print one line each, and a closed stdout (`| head`) ends the command quietly."""
     from . import backend
 
     try:
-        with backend(args.backend):
-            return func(args)
+        with one_line_warnings(), backend(args.backend):
+            code = func(args)
+        sys.stdout.flush()  # a broken pipe shows here, not at the interpreter's exit
+        return code
     except KeyboardInterrupt:
-        _error("interrupted")
+        print_error("interrupted")
         return 130
+    except BrokenPipeError:
+        silence_stdout()
+        return 1
     except ModuleNotFoundError as err:
-        if err.name not in ("av", "PIL", "numpy"):
+        if err.name not in ("av", "PIL", "numpy") or debug_wanted(args):
             raise
-        return _error(f"this command needs the {err.name} package: pip install 'taesd_fast[media]'")
-    except _user_errors() as err:
-        if os.environ.get("TAESD_FAST_DEBUG", "0") not in ("", "0"):
+        return print_error(f"this command needs the {err.name} package: pip install 'taesd_fast[media]'")
+    except user_errors() as err:
+        if debug_wanted(args):
             raise
-        return _error(str(err))
+        return print_error(one_line(err))
 
 
 def main(argv: list[str] | None = None) -> int:

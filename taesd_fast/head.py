@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from . import dispatch
 from .kernels import head as head_ops
-from .validation import as_float_dtype, check_tensor
+from .validation import as_float_dtype, check_device, check_tensor
 from .hub import require_repo_id
 from .weights_io import WeightsError, read_state_dict
 
@@ -133,6 +133,7 @@ class OutputHead(nn.Module):
         mode with requires_grad off (an inference module; `.requires_grad_()` to train it).
         """
         dtype = as_float_dtype(dtype)
+        device = check_device(device)  # a clear error for CUDA on a CPU-only torch, before reading the checkpoint
         path = _locate_checkpoint(name_or_path, subfolder, filename, revision, cache_dir, local_files_only)
         state = None
         for layout in _KEY_LAYOUTS.values():

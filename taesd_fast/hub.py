@@ -34,6 +34,22 @@ class LoadedWeights:
         return list(dict.fromkeys(self.origins.values()))
 
 
+# Variants published on the Hub in the diffusers layout; the others' weights are .pth files in the GitHub repo.
+HUB_REPOS = {v: f"madebyollin/{v}" for v in ("taesd", "taesdxl", "taesd3", "taef1")}
+UPSTREAM_FILES = "github.com/madebyollin/taesd"
+
+
+def weights_hint(variant: str, cli: bool = False) -> str:
+    """How to load `variant`'s weights, spelled for the Python API or (cli=True) for the taesd-fast command."""
+    if variant == BUNDLED_DEFAULT:
+        return "the bundled default weights (no --weights)" if cli else "TAESD.from_pretrained() (bundled)"
+    if variant in HUB_REPOS:
+        return f"--weights {HUB_REPOS[variant]}" if cli else f"TAESD.from_pretrained({HUB_REPOS[variant]!r})"
+    where = f"a folder holding {variant}_encoder.pth / {variant}_decoder.pth from {UPSTREAM_FILES}"
+    return (f"--weights FOLDER --variant {variant}, with FOLDER {where}" if cli
+            else f"TAESD.from_pretrained(FOLDER, variant={variant!r}), with FOLDER {where}")
+
+
 def variant_hint(*names: str | os.PathLike | None) -> str | None:
     """The longest known variant name contained in any of the given names ('taesdxl' beats 'taesd')."""
     found = [v for n in names if n for v in VARIANTS if v in Path(str(n)).name.lower()]
@@ -175,8 +191,8 @@ def resolve(name_or_path: str | os.PathLike | None, *, encoder_path=None, decode
     variant = known_variant(hub_kwargs.get("variant"))
     if name_or_path is None:
         if variant not in (None, BUNDLED_DEFAULT):
-            raise FileNotFoundError(f"only {BUNDLED_DEFAULT} weights are bundled; for {variant}, pass a Hub repo id "
-                                    f"such as 'madebyollin/{variant}' or a local folder")
+            raise FileNotFoundError(f"only {BUNDLED_DEFAULT} weights are bundled; for {variant}, load "
+                                    + weights_hint(variant))
         return load_from_folder(BUNDLED_DIR, load_encoder, load_decoder, variant)
     path = Path(name_or_path)
     if path.is_dir():  # a local copy of a repo: subfolder means the same as on the Hub

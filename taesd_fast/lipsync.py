@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .facebox import SUN_FACE_BOX, Box  # noqa: F401  (re-exported: part of this module's API)
+from .output_files import atomic_write, check_outputs
 from .taesd import TAESD
 
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
@@ -45,11 +47,22 @@ class VideoInfo:
     has_audio: bool
 
 
+@contextmanager
+def _reading_video(path: str | os.PathLike):
+    """PyAV's errors (errno text such as "[Errno 1094995529] Invalid data found ...") -> one ValueError that names
+    the file and FFmpeg's reason."""
+    try:
+        yield
+    except av.error.FFmpegError as err:
+        raise ValueError(f"cannot read video {path}: {err.strerror or err} (not a video file, or truncated or "
+                         "damaged)") from err
+
+
 def probe(path: str | os.PathLike) -> VideoInfo:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"video not found: {path}")
-    with av.open(str(path)) as container:
+    with _reading_video(path), av.open(str(path)) as container:
         if not container.streams.video:
             raise ValueError(f"{path} has no video stream")
         stream = container.streams.video[0]
@@ -61,7 +74,7 @@ def probe(path: str | os.PathLike) -> VideoInfo:
 
 def read_frames(path: str | os.PathLike, max_frames: int | None = None) -> Iterator[np.ndarray]:
     """The video's frames as [H, W, 3] uint8 RGB arrays, one at a time (a whole video would not fit in memory)."""
-    with av.open(str(path)) as container:
+    with _reading_video(path), av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"  # frame-parallel decoding
         for frame in islice(container.decode(stream), max_frames):
@@ -73,7 +86,9 @@ class VideoWriter:
     copies `audio_source`'s first audio stream on close.
 
     The audio is trimmed to the written video's length. It is copied as is where the output container can hold
-    its codec, else re-encoded to AAC.
+    its codec, else re-encoded to AAC. H.264 with 4:2:0 chroma needs an even frame size: an odd width or height is
+    padded by repeating the last column or row (the stream is then one pixel larger; libx264 offers no way to
+    crop it back in the stream), with a warning.
     """
 
     def __init__(self, path: str | os.PathLike, fps: Fraction, width: int, height: int, *, crf: int = 18,
@@ -82,8 +97,12 @@ class VideoWriter:
             raise ValueError(f"unknown x264 preset {preset!r}; expected one of {', '.join(X264_PRESETS)}")
         if not 0 <= crf <= 51:
             raise ValueError(f"crf must be between 0 (lossless) and 51, got {crf}")
-        if width % 2 or height % 2:
-            raise ValueError(f"H.264 with 4:2:0 chroma needs an even frame size, got {width}x{height}")
+        self.width, self.height = width, height
+        self.pad = (height % 2, width % 2)  # rows and columns added to reach an even size
+        if any(self.pad):
+            warnings.warn(f"H.264 needs an even frame size: the {width}x{height} frames are written as "
+                          f"{width + self.pad[1]}x{height + self.pad[0]}, the last column/row repeated",
+                          stacklevel=2)
         self.fps = Fraction(fps)
         self.frames = 0
         self.container = av.open(str(path), mode="w")
@@ -91,7 +110,8 @@ class VideoWriter:
             # veryfast: 2.5x the speed of x264's default preset, at the same crf and a similar file size here
             self.stream = self.container.add_stream("libx264", rate=self.fps,
                                                     options={"crf": str(crf), "preset": preset})
-            self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, "yuv420p"
+            self.stream.width, self.stream.height = width + self.pad[1], height + self.pad[0]
+            self.stream.pix_fmt = "yuv420p"
             self.stream.codec_context.time_base = 1 / self.fps
             # Every stream must exist before the first packet is written, so the audio stream is added now.
             self._audio_input = self._audio_stream = None
@@ -116,7 +136,11 @@ class VideoWriter:
             self._audio_stream = self.container.add_stream("aac", rate=template.codec_context.sample_rate)
 
     def write(self, frame: np.ndarray) -> None:
-        """frame: [H, W, 3] uint8 RGB."""
+        """frame: [H, W, 3] uint8 RGB, of the size given to the constructor."""
+        if frame.shape[:2] != (self.height, self.width):
+            raise ValueError(f"frame is {frame.shape[1]}x{frame.shape[0]}, but the video is {self.width}x{self.height}")
+        if any(self.pad):
+            frame = np.pad(frame, ((0, self.pad[0]), (0, self.pad[1]), (0, 0)), mode="edge")
         video_frame = av.VideoFrame.from_ndarray(frame, format="rgb24")
         video_frame.pts = self.frames
         video_frame.time_base = self.stream.codec_context.time_base
@@ -293,9 +317,12 @@ def _warm_up(model: TAESD, batch_sizes: set[int], size: int, encode: bool) -> No
 
 def _load_and_check(model: TAESD, latents, size: int, info: VideoInfo, max_frames: int | None):
     if isinstance(latents, (str, os.PathLike)):
-        from .media import load_latents
+        from .latents_io import load_latents
 
-        latents, _ = load_latents(latents)
+        path = latents
+        latents, record = load_latents(path)
+        if record is not None:
+            record.check_model(model, path)
     if latents is not None:
         check_latents(latents, model, size, info, max_frames)
     elif model.encoder is None:
@@ -320,7 +347,7 @@ def lipsync_video(
 ) -> LipsyncStats:
     """Decode `latents` ([N, C, size/8, size/8], one per frame) into the face box of `video`, writing `output`.
 
-    latents: a tensor or a latents file (see `taesd_fast.media.load_latents`); None encodes the face crops first
+    latents: a tensor or a latents file (see `taesd_fast.latents_io.load_latents`); None encodes the face crops first
     and decodes them again (round trip). Runs on the model's device and dtype. crf/preset: libx264's quality and
     speed. Returns the frame count and timings.
     """
@@ -332,8 +359,8 @@ def lipsync_video(
         raise ValueError(f"batch size and max frames must be at least 1, got {batch_size} and {max_frames}")
     if size % model.downscale:
         raise ValueError(f"crop size {size} is not a multiple of the model's downscale factor {model.downscale}")
-    if output.resolve() == video.resolve():
-        raise ValueError(f"output {output} would overwrite the input video; choose another path")
+    # Never over an input; an existing output is replaced (the CLI asks for --overwrite first).
+    check_outputs([video, latents if isinstance(latents, (str, os.PathLike)) else None], [output], overwrite=True)
     latents = _load_and_check(model, latents, size, info, max_frames)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
@@ -344,10 +371,9 @@ def lipsync_video(
     mask = lower_face_mask(box.height, box.width, feather, device=device)
     seconds = {"encode": 0.0, "decode": 0.0}
     done = 0
-    output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        with VideoWriter(output, info.fps, info.width, info.height, crf=crf, preset=preset,
+    with atomic_write(output) as partial:  # a failure leaves no partial video, and any earlier output intact
+        with VideoWriter(partial, info.fps, info.width, info.height, crf=crf, preset=preset,
                          audio_source=video if info.has_audio else None) as writer, \
                 ThreadPoolExecutor(max_workers=1) as background, \
                 tqdm(total=total, unit="frame", desc="lipsync", disable=not progress) as bar:
@@ -378,8 +404,5 @@ def lipsync_video(
             raise ValueError(f"latents hold {len(latents)} frames but the video has {done}; need one latent per frame")
         if done == 0:
             raise ValueError(f"{video} has no frames to decode")
-    except BaseException:
-        output.unlink(missing_ok=True)  # a partial video would look like a result
-        raise
     end = time.perf_counter()
     return LipsyncStats(done, seconds["decode"], seconds["encode"], end - start, start - setup_start)

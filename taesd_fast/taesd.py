@@ -11,7 +11,7 @@ from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
 from .layers import name_layers
-from .validation import as_float_dtype, check_multiple, check_tensor
+from .validation import as_float_dtype, check_device, check_multiple, check_tensor
 
 
 class TAESD(nn.Module):
@@ -88,6 +88,7 @@ class TAESD(nn.Module):
                     dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "TAESD":
         """The model for state dicts already read (hub.resolve, or converted from another library's module)."""
         dtype = as_float_dtype(dtype)
+        device = check_device(device)  # a clear error for CUDA on a CPU-only torch, before any work
         arch = hub.detect_architecture(loaded)
         name = hub.check_variant(arch, variant, loaded)
         model = cls(name, encoder=loaded.encoder is not None, decoder=loaded.decoder is not None)

@@ -62,3 +62,32 @@ def as_float_dtype(dtype, name: str = "dtype") -> torch.dtype | None:
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"{name} must be a floating point dtype such as torch.float16, got {dtype!r}")
     return dtype
+
+
+def check_device(device, name: str = "device") -> torch.device | None:
+    """None, or a torch.device / its name -> torch.device, refusing a CUDA device this torch cannot use.
+
+    Without this check, moving a model to "cuda" on a CPU-only torch fails deep inside torch with an
+    AssertionError ("Torch not compiled with CUDA enabled"). `name` is how the caller spells the argument in
+    messages: "device" (device='cuda') or a command-line flag such as "--device" (--device cuda).
+    """
+    if device is None:
+        return None
+    given = f"{name} {device}" if name.startswith("-") else f"{name}={str(device)!r}"
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{given} is not a torch device (expected e.g. cpu, cuda, cuda:1)") from None
+    if device.type != "cuda":
+        return device
+    fallback = f"use {name} cpu" if name.startswith("-") else f"use {name}='cpu'"
+    if torch.version.cuda is None:
+        raise RuntimeError(f"{given} needs CUDA, but torch {torch.__version__} is a CPU-only build; install a CUDA "
+                           f"build of torch (pytorch.org/get-started) or {fallback}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{given} needs CUDA, but torch {torch.__version__} sees no CUDA device (no GPU, a "
+                           f"driver problem, or CUDA_VISIBLE_DEVICES hides it); {fallback}")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{given}: only {torch.cuda.device_count()} CUDA device(s) present "
+                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return device

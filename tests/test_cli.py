@@ -17,57 +17,26 @@ import torch
 
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
-from taesd_fast import TAESD  # noqa: E402
+from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
-from taesd_fast.media import load_latents, save_latents  # noqa: E402
-from taesd_fast.weights_io import save_safetensors  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-ASSET = REPO_ROOT / "examples" / "assets" / "monalisa.jpg"
+from taesd_fast.latents_io import load_latents, save_latents  # noqa: E402
 SUBCOMMANDS = ("encode", "decode", "roundtrip", "lipsync", "bench", "info")
-
-
-def small_image(folder: Path, name: str, width: int, height: int) -> Path:
-    path = folder / name
-    with Image.open(ASSET) as im:
-        im.convert("RGB").resize((width, height), Image.BICUBIC).save(path)
-    return path
 
 
 @pytest.fixture
 def image(tmp_path) -> Path:
-    return small_image(tmp_path, "mona.png", 64, 96)
+    return small_image(tmp_path / "mona.png", 64, 96)
 
 
 @pytest.fixture
 def odd_image(tmp_path) -> Path:
-    return small_image(tmp_path, "odd.png", 70, 90)  # neither side a multiple of 8
+    return small_image(tmp_path / "odd.png", 70, 90)  # neither side a multiple of 8
 
 
 @pytest.fixture(scope="module")
 def taesd4_weights(tmp_path_factory) -> Path:
     """A folder of 4-channel (SD1.5 taesd architecture) weights, randomly initialised: enough for the PNG path."""
-    folder = tmp_path_factory.mktemp("taesd4")
-    torch.manual_seed(0)
-    model = TAESD("taesd")
-    save_safetensors(model.encoder.state_dict(), folder / "taesd_encoder.safetensors")
-    save_safetensors(model.decoder.state_dict(), folder / "taesd_decoder.safetensors")
-    return folder
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 1
-    assert err.startswith("taesd-fast: error: "), err
-    assert "Traceback" not in err
-    assert err.count("\n") == 1, err  # one line
-    for fragment in fragments:
-        assert fragment in err, err
+    return random_weights_folder(tmp_path_factory.mktemp("taesd4"), "taesd")
 
 
 def test_help_runs_as_a_module_in_a_subprocess():
@@ -107,8 +76,10 @@ def test_encode_then_decode_safetensors(capsys, image, tmp_path):
     latents_path = tmp_path / "mona.safetensors"
     code, _, _ = run(capsys, "encode", image, "-o", latents_path)
     assert code == 0
-    latents, size = load_latents(latents_path)
-    assert latents.shape == (1, 32, 12, 8) and size is None
+    latents, record = load_latents(latents_path)
+    assert latents.shape == (1, 32, 12, 8)
+    assert (record.variant, record.latent_channels, record.downscale, record.image_size, record.scale) == \
+        ("taef2", 32, 8, (96, 64), "raw")
 
     code, out, _ = run(capsys, "decode", latents_path, "-o", tmp_path / "decoded.png")
     assert code == 0 and "64x96" in out
@@ -131,10 +102,10 @@ def test_pad_keeps_the_original_size(capsys, odd_image, tmp_path):
 
     # encode --pad stores the original size; decode crops back to it.
     assert run(capsys, "encode", odd_image, "-o", tmp_path / "odd.safetensors", "--pad")[0] == 0
-    latents, size = load_latents(tmp_path / "odd.safetensors")
-    assert latents.shape[-2:] == (12, 9) and size == (90, 70)
-    assert run(capsys, "decode", tmp_path / "odd.safetensors", "-o", tmp_path / "odd.png")[0] == 0
-    with Image.open(tmp_path / "odd.png") as decoded:
+    latents, record = load_latents(tmp_path / "odd.safetensors")
+    assert latents.shape[-2:] == (12, 9) and record.image_size == (90, 70)
+    assert run(capsys, "decode", tmp_path / "odd.safetensors", "-o", tmp_path / "decoded.png")[0] == 0
+    with Image.open(tmp_path / "decoded.png") as decoded:
         assert decoded.size == (70, 90)
 
 
@@ -224,9 +195,10 @@ def test_latents_png_round_trip_with_4_channel_weights(capsys, image, odd_image,
         with Image.open(tmp_path / "decoded" / name) as decoded:
             assert decoded.size == size
 
-    # The bundled 32-channel TAEF2 cannot decode 4-channel latents: say so.
+    # The bundled 32-channel TAEF2 cannot decode taesd latents: the file says which model made them.
     code, _, err = run(capsys, "decode", tmp_path / "latents" / "mona.png", "-o", tmp_path / "x.png")
-    assert_user_error(code, err, "4-channel latents", "expects 32", "--weights")
+    assert_user_error(code, err, "made by taesd (4 latent channels", "loaded model is taef2",
+                      "--weights madebyollin/taesd")
 
 
 def test_decode_pt_with_several_latents_writes_numbered_images(capsys, tmp_path):
@@ -290,7 +262,7 @@ def test_info_model_prints_the_dispatch_table(capsys):
 
 def test_bad_device_is_a_user_error(capsys):
     code, _, err = run(capsys, "info", "--device", "nonsense")
-    assert_user_error(code, err, "'nonsense' is not a torch device")
+    assert_user_error(code, err, "--device nonsense is not a torch device")
 
 
 def test_bench_forwards_its_arguments(capsys, monkeypatch):

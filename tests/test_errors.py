@@ -155,10 +155,51 @@ def test_bad_model_arguments():
         TAESD.from_pretrained(dtype="int8")
     with pytest.raises(ValueError, match=r"dtype='floaty' is not a torch dtype"):
         TAESD.from_pretrained(dtype="floaty")
-    with pytest.raises(FileNotFoundError, match=r"only taef2 weights are bundled; for taesd, pass a Hub repo id"):
+    with pytest.raises(FileNotFoundError, match=r"only taef2 weights are bundled; for taesd, load "
+                                                r"TAESD.from_pretrained\('madebyollin/taesd'\)"):
         TAESD.from_pretrained(variant="taesd")
     with pytest.raises(ValueError, match=r"unknown TAESD variant 'taef3'"):
         TAESD.from_pretrained(variant="taef3")
+
+
+def test_bundled_only_suggestions_point_to_real_sources():
+    """madebyollin/taesana is not a Hub repo: taesana (and taef2) weights are .pth files in the GitHub repo."""
+    with pytest.raises(FileNotFoundError) as info:
+        TAESD.from_pretrained(variant="taesana")
+    message = str(info.value)
+    assert "TAESD.from_pretrained(FOLDER, variant='taesana')" in message
+    assert "taesana_decoder.pth from github.com/madebyollin/taesd" in message
+    assert "madebyollin/taesana" not in message
+
+
+@pytest.fixture
+def cpu_only_torch(monkeypatch):
+    """torch as a CPU-only build sees it, on any machine."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_cuda_on_a_cpu_only_torch_is_one_clear_error(cpu_only_torch):
+    """Without the check, .to("cuda") fails deep in torch with AssertionError("Torch not compiled with CUDA")."""
+    message = r"device='cuda' needs CUDA, but torch .* is a CPU-only build; install a CUDA build .* or use device='cpu'"
+    with pytest.raises(RuntimeError, match=message):
+        TAESD.from_pretrained(device="cuda")
+    with pytest.raises(RuntimeError, match=message.replace("'cuda'", "'cuda:1'")):
+        TAESD.from_pretrained(device=torch.device("cuda", 1))
+    with pytest.raises(RuntimeError, match=message):  # before the checkpoint is looked for
+        OutputHead.from_pretrained("/nonexistent/wan_vae.safetensors", device="cuda")
+
+
+def test_cuda_build_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"device='cuda' needs CUDA, but torch .* sees no CUDA device.*CUDA_VISIBLE"):
+        TAESD.from_pretrained(device="cuda")
+
+
+def test_device_that_is_not_a_device():
+    with pytest.raises(ValueError, match=r"device='gpu' is not a torch device \(expected e.g. cpu, cuda, cuda:1\)"):
+        TAESD.from_pretrained(device="gpu")
 
 
 # ------------------------------------------------------------------------------------------ files and sources

@@ -24,7 +24,7 @@ from taesd_fast import TAESD  # noqa: E402
 from taesd_fast.lipsync import (  # noqa: E402
     SUN_FACE_BOX, Box, VideoWriter, lipsync_video, lower_face_mask, probe, read_frames,
 )
-from taesd_fast.media import save_latents  # noqa: E402
+from taesd_fast.latents_io import save_latents  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FRAMES = 6
