@@ -47,9 +47,9 @@ def test_cpu_conv2d_matches_reference_and_picks_torch(dtype, stride):
     assert ((y.double() - ref).norm() / ref.norm()).item() < (1e-6 if dtype == torch.float32 else 5e-3)
     table = dispatch.dispatch_table(conv)
     (row,) = [line for line in table.splitlines() if line.startswith("net.conv")]
-    assert row.split()[7] == "torch" and "tc: CPU tensor" in row
+    assert row.split()[7] == "torch" and "triton_conv: CPU tensor" in row
     ((_, rec),) = dispatch.rows_of(conv)
-    assert rec.choice == "torch" and rec.skipped["f16_rb"] == "CPU tensor"
+    assert rec.choice == "torch" and rec.skipped["simt_f16_rb"] == "CPU tensor"
 
 
 def test_kernels_mode_on_cpu_still_runs_torch():
@@ -85,20 +85,22 @@ def test_eligibility_reasons():
         return dispatch.Spec(**fields)
 
     def reasons(**kw):
-        return {r.name: r.supports(spec(**kw)) for r in dispatch.ROWS if r.kind == "conv2d"}
+        # The PyTorch and SIMT rows' rules read the spec alone; the Hopper rows' ask the GPU (tests/gpu covers them).
+        return {r.name: r.supports(spec(**kw)) for r in dispatch.ROWS
+                if r.kind == "conv2d" and (r.name == "torch" or r.name.startswith("simt_"))}
 
-    assert reasons()["f16_rb"] is None and reasons()["torch"] is None
-    assert "float16" in reasons(dtype=torch.float32)["f16_tile"]
-    assert "bfloat16" in reasons(dtype=torch.bfloat16)["f16_ocb4"]
-    assert "1..64" in reasons(x_shape=(1, 128, 8, 8), w_shape=(64, 128, 3, 3))["f16_tile"]
-    assert "1..64" in reasons(w_shape=(128, 64, 3, 3))["f16_tile"]
-    assert "3x3" in reasons(w_shape=(64, 64, 1, 1))["f16_ocb4"]
-    assert "stride 1 only" in reasons(stride=2)["f16_rb"] and reasons(stride=2)["f16_ocb4"] is None
-    assert "upsample" in reasons(upsample=2)["f16_rb"]
-    assert "clamp" in reasons(pre_clamp=True)["f16_ocb4"]
+    assert reasons()["simt_f16_rb"] is None and reasons()["torch"] is None
+    assert "float16" in reasons(dtype=torch.float32)["simt_f16_tile"]
+    assert "bfloat16" in reasons(dtype=torch.bfloat16)["simt_f16_ocb4"]
+    assert "1..64" in reasons(x_shape=(1, 128, 8, 8), w_shape=(64, 128, 3, 3))["simt_f16_tile"]
+    assert "1..64" in reasons(w_shape=(128, 64, 3, 3))["simt_f16_tile"]
+    assert "3x3" in reasons(w_shape=(64, 64, 1, 1))["simt_f16_ocb4"]
+    assert "stride 1 only" in reasons(stride=2)["simt_f16_rb"] and reasons(stride=2)["simt_f16_ocb4"] is None
+    assert "upsample" in reasons(upsample=2)["simt_f16_rb"]
+    assert "clamp" in reasons(pre_clamp=True)["simt_f16_ocb4"]
     rows, skipped = dispatch.decide.eligible(spec(device="cpu"))
     assert [r.name for r in rows] == ["torch"]
-    assert skipped["f16_rb"] == "CPU tensor" and skipped["tc"] == "CPU tensor"
+    assert skipped["simt_f16_rb"] == "CPU tensor" and skipped["triton_conv"] == "CPU tensor"
     assert not dispatch.decide.tunable(spec(device="cpu")) and dispatch.decide.tunable(spec())
 
 
@@ -164,18 +166,18 @@ def test_cached_timings_drive_auto_choice():
     fastest kernel. Driven through decide.pick with synthetic timings (no GPU needed)."""
     spec = dispatch.Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True, "nchw")
     rows = [r for r in dispatch.ROWS if r.kind == "conv2d"]
-    slow = {"ms": {"torch": 1.0, "f16_rb": 1.5, "f16_ocb4": 2.0, "f16_tile": 3.0}}
-    fast = {"ms": {"torch": 1.0, "f16_rb": 0.5, "f16_ocb4": 2.0, "f16_tile": 3.0}}
-    tie = {"ms": {"torch": 1.0, "f16_rb": 0.99, "f16_ocb4": 2.0, "f16_tile": 3.0}}
+    slow = {"ms": {"torch": 1.0, "simt_f16_rb": 1.5, "simt_f16_ocb4": 2.0, "simt_f16_tile": 3.0}}
+    fast = {"ms": {"torch": 1.0, "simt_f16_rb": 0.5, "simt_f16_ocb4": 2.0, "simt_f16_tile": 3.0}}
+    tie = {"ms": {"torch": 1.0, "simt_f16_rb": 0.99, "simt_f16_ocb4": 2.0, "simt_f16_tile": 3.0}}
     pick = lambda mode, entry: dispatch.decide.pick(spec, mode, rows, {}, entry, "t", False).choice  # noqa: E731
     assert pick("auto", slow) == "torch"
-    assert pick("auto", fast) == "f16_rb"
+    assert pick("auto", fast) == "simt_f16_rb"
     assert pick("auto", tie) == "torch"
-    assert pick("kernels", slow) == "f16_rb"
-    failed = {"ms": {"torch": 1.0}, "failed": {"f16_rb": "failed: x", "f16_ocb4": "failed: x", "f16_tile": "failed: x"}}
+    assert pick("kernels", slow) == "simt_f16_rb"
+    failed = {"ms": {"torch": 1.0}, "failed": {n: "failed: x" for n in ("simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile")}}
     assert pick("auto", failed) == "torch"
-    assert pick("kernels", None) == "tc"  # no timings: the default order
-    assert dispatch.decide.pick(spec, "auto", rows, {}, fast, "t", False).run is dispatch.table.row("conv2d", "f16_rb").run
+    assert pick("kernels", None) == "simt_f16_rb"  # no timings: the default order, NCHW-native rows first
+    assert dispatch.decide.pick(spec, "auto", rows, {}, fast, "t", False).run is dispatch.table.row("conv2d", "simt_f16_rb").run
 
 
 def test_import_touches_no_cuda():
@@ -240,40 +242,37 @@ def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
 
     spec = dispatch.Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True,
                          "channels_last")
-    rows = [r for r in dispatch.ROWS if r.kind == "conv2d" and r.name in ("torch", "tc")]
+    rows = [r for r in dispatch.ROWS if r.kind == "conv2d" and r.name in ("torch", "triton_conv")]
     monkeypatch.setattr(decide, "eligible", lambda s, mode="auto", in_capture=False: (list(rows), {}))
     monkeypatch.setattr(decide, "device_name", lambda device: "FakeGPU")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA runtime
     eager_key, graph_key = spec.key("FakeGPU"), spec.key("FakeGPU", graph=True)
     assert eager_key != graph_key and graph_key.endswith("|graph")
-    store.put(eager_key, {"torch": 0.010, "tc": 0.020}, {})  # eager: Triton's launch cost shows
-    store.put(graph_key, {"torch": 0.010, "tc": 0.004}, {})  # replayed: the kernel is faster
+    store.put(eager_key, {"torch": 0.010, "triton_conv": 0.020}, {})  # eager: Triton's launch cost shows
+    store.put(graph_key, {"torch": 0.010, "triton_conv": 0.004}, {})  # replayed: the kernel is faster
     key = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
     assert dispatch.spec.spec_of(key) == spec
     assert calls._miss(key, "auto", False, ()).choice == "torch"
     with dispatch.graph_timing():
         rec = calls._miss(key, "auto", True, ())
-        assert rec.choice == "tc" and "graph replays" in rec.why
+        assert rec.choice == "triton_conv" and "graph replays" in rec.why
     assert decide.state.decided[("auto", False, key)].choice == "torch"
-    assert decide.state.decided[("auto", True, key)].choice == "tc"
+    assert decide.state.decided[("auto", True, key)].choice == "triton_conv"
     assert not decide.state.graph  # the context restores the flag
-    assert json.loads(store.timings_path().read_text())[graph_key] == {"ms": {"torch": 0.010, "tc": 0.004}}
+    assert json.loads(store.timings_path().read_text())[graph_key] == {"ms": {"torch": 0.010, "triton_conv": 0.004}}
 
 
-def test_tc_takes_its_tma_kernel_only_for_graph_replays(monkeypatch):
-    """Eager calls get the pointer kernel (cheaper launch); calls timed or captured for a CUDA graph get TMA."""
-    pytest.importorskip("triton")
-    from taesd_fast.kernels import conv_tc
+def test_table_is_pytorch_rows_plus_every_kernel_row():
+    """The dispatcher runs nothing but its PyTorch rows and the kernel modules' rows (kernels/rows.py), and each
+    kernel row runs the same function for eager calls and graph replays: which kernel suits which is measured."""
+    from taesd_fast.kernels import rows as kernel_rows
 
-    seen = []
-    monkeypatch.setattr(conv_tc, "run_conv2d", lambda *args, tma: seen.append(tma))
-    monkeypatch.setattr(conv_tc, "spec_ready", lambda spec, tma: seen.append(("ready", tma)))
-    tc = dispatch.table.row("conv2d", "tc")
-    tc.runner(False)(None, None, None, 1, None, True, 1, False)
-    tc.ready(None, False)
-    tc.runner(True)(None, None, None, 1, None, True, 1, False)
-    tc.ready(None, True)
-    assert seen == [False, ("ready", False), True, ("ready", True)]
+    assert [(r.kind, r.name) for r in dispatch.ROWS if not r.kernel] == [
+        ("conv2d", "torch"), ("head", "torch"), ("head_full", "torch")]
+    assert [(r.kind, r.name) for r in dispatch.ROWS if r.kernel] == [(k.kind, k.name) for k in kernel_rows.KERNEL_ROWS]
+    for k in kernel_rows.KERNEL_ROWS:
+        r = dispatch.table.row(k.kind, k.name)
+        assert r.run is k.run and r.supports is k.supports and r.layouts == k.layouts and r.nvrtc == k.nvrtc
 
 
 def test_tuning_bar_names_the_call_and_can_be_hidden(monkeypatch, capsys):

@@ -47,7 +47,7 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
     row = table.row(spec.kind, rec.choice)
     if in_capture and row.kernel and not row.ready(spec, graph):  # loading a module mid-capture is unsafe
         return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not loaded before capture",
-                             rec.ms, rec.skipped, table.reference(spec.kind).runner(graph))
+                             rec.ms, rec.skipped, table.reference(spec.kind).run)
     if background or not in_capture:
         # A decision made without timing because a capture is under way must not stick: the next eager call decides.
         with decide.lock:

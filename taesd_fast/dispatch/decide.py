@@ -187,7 +187,7 @@ def eligible(spec: Spec, mode: str = "auto", in_capture: bool = False) -> tuple[
 
 
 def _record(spec: Spec, name: str, why: str, ms: dict, skipped: dict, graph: bool) -> Record:
-    return Record(spec, name, why, ms, skipped, table.row(spec.kind, name).runner(graph))
+    return Record(spec, name, why, ms, skipped, table.row(spec.kind, name).run)
 
 
 def needs_timing(rows: list[table.Row], entry: dict | None) -> bool:
@@ -216,7 +216,7 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
     if mode == "kernels":
         if timed:
             return _record(spec, min(timed, key=timed.get), f"forced kernels, {why}", ms, skipped, graph)
-        untried = [n for n in table.DEFAULT_ORDER if n in kernels and n not in failed]
+        untried = [n for n in table.kernel_rows.forced_order(spec.layout) if n in kernels and n not in failed]
         if untried:
             return _record(spec, untried[0], f"forced kernels, default order ({why})", ms, skipped, graph)
         return _record(spec, ref, "forced kernels, but every kernel failed", ms, skipped, graph)

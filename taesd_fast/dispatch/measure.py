@@ -122,12 +122,7 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
             if stop.is_set():
                 raise RuntimeError("tuning stopped: the interpreter is exiting")
             bar.set_postfix_str(row.name, refresh=False)
-            run = row.runner(graph)
-            if row.precompile is not None:  # compiling that touches no GPU needs no lock
-                try:
-                    row.precompile(spec, graph)
-                except Exception:  # noqa: BLE001 - the launch below compiles again and reports the failure
-                    pass
+            run = row.run
             with tuner_step():
                 try:
                     for _ in range(WARMUP):
@@ -162,7 +157,7 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
                 e.record()
                 events[row.name].append((s, e))
                 if not graph:
-                    run, n = row.runner(False), iters[row.name]
+                    run, n = row.run, iters[row.name]
                     t0 = time.perf_counter()
                     for _ in range(n):
                         run(*fresh)
@@ -179,11 +174,9 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
 def warm(row: Row, spec: Spec, meta: tuple, graph: bool) -> None:
     """Run a row twice on stand-ins so its kernel is compiled and loaded (then `row.ready` holds and a CUDA-graph
     capture may use it)."""
-    if row.precompile is not None:
-        row.precompile(spec, graph)
     with tuner_step():
         fresh = fresh_args(spec.kind, meta)
-        run = row.runner(graph)
+        run = row.run
         run(*fresh)
         run(*fresh)
         if spec.on_cuda:

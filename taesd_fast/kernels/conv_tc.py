@@ -35,7 +35,7 @@ from .triton_import import TRITON_ERROR, tl, triton, triton_available, triton_un
 __all__ = [
     "NAME", "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc", "conv3x3_tc_ref", "conv3x3_tc_launch",
     "unsupported_reason", "default_config", "output_shape", "spec_unsupported_reason", "spec_ready", "run",
-    "launch_conv", "run_conv2d", "flops", "triton_available", "triton_unavailable_reason",
+    "launch_conv", "flops", "triton_available", "triton_unavailable_reason",
 ]
 
 NAME = "triton_conv"
@@ -236,10 +236,9 @@ def spec_unsupported_reason(spec) -> str | None:
         spec.x_shape, spec.w_shape, spec.dtype, spec.stride, getattr(spec, "upsample", 1))
 
 
-def spec_ready(spec, tma: bool = False) -> bool:
+def spec_ready(spec) -> bool:
     """True once this call's kernel (default config) was launched in this process: no Triton compile would happen
-    inside a CUDA-graph capture. Image sizes are not specialised, so any size of the layer counts. (tma: accepted
-    and ignored, for dispatch.py's single "tc" candidate until its table takes rows.KERNEL_ROWS.)"""
+    inside a CUDA-graph capture. Image sizes are not specialised, so any size of the layer counts."""
     upsample = getattr(spec, "upsample", 1)
     cfg = default_config(spec.w_shape[1], spec.w_shape[0], spec.stride, upsample,
                          _m_rows(spec.x_shape, spec.w_shape, spec.stride, upsample))
@@ -256,13 +255,6 @@ def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | 
         upsample: int = 1, pre_clamp: bool = False) -> Tensor:
     """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
     return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
-def run_conv2d(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-               upsample: int = 1, pre_clamp: bool = False, tma: bool = False) -> Tensor:
-    """`run` under the name dispatch.py's single "tc" candidate calls, until its table takes rows.KERNEL_ROWS. tma
-    is ignored: the TMA kernel is its own row (conv_tc_tma)."""
-    return run(x, w, b, stride, residual, relu, upsample, pre_clamp)
 
 
 def flops(x_shape, w_shape, stride: int = 1, upsample: int = 1) -> float:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast import dispatch
+from taesd_fast.kernels import rows as kernel_rows
 from taesd_fast._backend import kernels_unavailable_reason
 
 _REASON = kernels_unavailable_reason()
@@ -29,7 +30,8 @@ class Conv(torch.nn.Conv2d):
         return dispatch.conv2d(x, self.weight, self.bias, stride=self.stride[0], residual=residual, relu=relu, layer=self)
 
 
-KERNELS = ("tc", "f16_rb", "f16_ocb4", "f16_tile")  # every custom conv candidate
+KERNELS = tuple(r.name for r in kernel_rows.KERNEL_ROWS if r.kind == "conv2d")  # every custom conv row
+
 
 def _conv(cin, cout, k=3, stride=1, dtype=torch.float16, name="c"):
     return Conv(cin, cout, k, stride=stride, padding=k // 2, name=name).cuda().to(dtype)
@@ -47,7 +49,7 @@ def test_auto_times_once_and_persists(tmp_path):
         y = conv(x, relu=True)
     rec = _rec(conv)
     assert rec.why == "measured"
-    assert set(rec.ms) == {"torch", "f16_rb", "f16_ocb4", "f16_tile"}, rec
+    assert set(rec.ms) == {"torch", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile"}, rec
     best_kernel = min((t for n, t in rec.ms.items() if n != "torch"))
     assert (rec.choice != "torch") == (best_kernel < dispatch.MARGIN * rec.ms["torch"])
     torch.testing.assert_close(y, F.relu(F.conv2d(x, conv.weight, conv.bias, padding=1)), rtol=2e-3, atol=2e-3)
@@ -76,8 +78,8 @@ def test_first_timing_shows_a_progress_bar(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "cin,cout,k,stride,dtype,why,choice",
     [
-        (128, 64, 3, 1, torch.float16, "1..64", "tc"),  # beyond the SIMT kernels, within the tensor-core one
-        (64, 128, 3, 1, torch.float16, "1..64", "tc"),
+        (128, 64, 3, 1, torch.float16, "1..64", "triton_conv"),  # beyond the SIMT kernels, within the tensor-core one
+        (64, 128, 3, 1, torch.float16, "1..64", "triton_conv"),
         (64, 64, 1, 1, torch.float16, "3x3", "torch"),
         (64, 64, 3, 1, torch.float32, "float16", "torch"),
         (64, 64, 3, 1, torch.bfloat16, "float16", "torch"),
@@ -89,7 +91,7 @@ def test_unsupported_goes_to_torch(cin, cout, k, stride, dtype, why, choice):
     with dispatch.backend("kernels"), torch.no_grad():
         y = conv(x)
     rec = _rec(conv)
-    assert rec.choice == choice and why in rec.skipped["f16_tile"], rec
+    assert rec.choice == choice and why in rec.skipped["simt_f16_tile"], rec
     tol = {} if choice == "torch" else dict(rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(y, F.conv2d(x, conv.weight, conv.bias, stride=stride, padding=k // 2), **tol)
 
@@ -100,7 +102,7 @@ def test_stride2_never_register_blocked():
     with dispatch.backend("kernels"), torch.no_grad():
         conv(x, relu=True)
     rec = _rec(conv)
-    assert rec.choice in ("tc", "f16_ocb4", "f16_tile") and "stride 1 only" in rec.skipped["f16_rb"]
+    assert rec.choice in ("triton_conv", "simt_f16_ocb4", "simt_f16_tile") and "stride 1 only" in rec.skipped["simt_f16_rb"]
 
 
 def test_forced_modes_and_fused_epilogue():
@@ -135,7 +137,7 @@ def test_disable_env_forces_torch(monkeypatch):
     with dispatch.backend("kernels"), torch.no_grad():
         conv(x)
     rec = _rec(conv)
-    assert rec.choice == "torch" and all("TAESD_FAST_DISABLE_KERNELS" in rec.skipped[n] for n in ("f16_rb", "tc"))
+    assert rec.choice == "torch" and all("TAESD_FAST_DISABLE_KERNELS" in rec.skipped[n] for n in ("simt_f16_rb", "triton_conv"))
 
 
 def test_capture_without_decision_uses_torch_and_no_timing():
