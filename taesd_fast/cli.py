@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import tune_cli
 from .architecture import VARIANTS
 from .cli_support import (
     DEBUG_ENV, DTYPES, PROG, debug_wanted, load_model, model_param, one_line, one_line_warnings, output_paths,
@@ -146,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also load the model, run one small decode and print the dispatch table")
     add_model_arguments(p)
     p.set_defaults(func=cmd_info)
+
+    tune_cli.add_parser(sub, add_model_arguments, load_model)
     return parser
 
 
