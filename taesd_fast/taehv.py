@@ -278,7 +278,7 @@ class TAEHV(nn.Module):
             if not (self.cuda_graphs and _replayable(x)):
                 out = step(x)
             else:
-                with torch.cuda.device(x.device):
+                with torch.cuda.device(x.device):  # capture and replay on the input's GPU
                     out = self._graphed(step, x, seq, state, uint8)
         state.steps += 1
         return out

@@ -9,7 +9,6 @@ identical (taehv, taew2_1, taeos1_3 and taecvx all have 16 channels, patch 1, 4x
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -217,11 +216,11 @@ def _from_folder(folder: Path, variant: str | None) -> tuple[StateDict, str, str
 
 def _from_hub(repo_id: str, variant: str, revision, cache_dir, local_files_only: bool):
     """The first of FILE_PATTERNS present in the repo (or, offline, in the huggingface_hub cache)."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     tried, unreachable = [], None
-    offline = local_files_only
+    offline = local_files_only or constants.HF_HUB_OFFLINE  # huggingface_hub's reading of HF_HUB_OFFLINE
     for pattern in FILE_PATTERNS:
         filename = pattern.format(v=variant)
         tried.append(filename)
@@ -240,6 +239,5 @@ def _from_hub(repo_id: str, variant: str, revision, cache_dir, local_files_only:
         raise FileNotFoundError(f"could not reach the Hugging Face Hub for {where} ({type(unreachable).__name__}: "
                                 f"{reader_reason(unreachable)}) and the local cache has none of {', '.join(tried)}; "
                                 "check the network, set HF_HUB_OFFLINE=1 to use cached files only, or pass a path")
-    mode = "in the local huggingface_hub cache (offline)" if offline or os.environ.get("HF_HUB_OFFLINE") else \
-        "on the Hub or in the local cache"
+    mode = "in the local huggingface_hub cache (offline)" if offline else "on the Hub or in the local cache"
     raise FileNotFoundError(f"no {variant} weights for {where} {mode}; tried {', '.join(tried)}")
