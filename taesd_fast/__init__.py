@@ -9,10 +9,11 @@ from .dispatch import backend, set_backend
 from .graphs import CUDAGraphed
 from .head import OutputHead
 from .taesd import TAESD
+from .taehv import TAEHV
 from .tiling import decode_tiled, encode_tiled
 
 __all__ = [
-    "TAESD", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",
+    "TAESD", "TAEHV", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",
     "backend", "set_backend", "kernels_available", "kernels_unavailable_reason",
 ]
 __version__ = "0.1.0"

@@ -223,7 +223,7 @@ class TAEHV(nn.Module):
             latents = latents.unsqueeze(1)
         else:
             _check_video(latents, "latents", self.latent_channels, param)
-        first = state is None or state.steps == 0
+        first = state is None or getattr(state, "steps", None) == 0  # (a wrong state is reported below)
         frames, state = self._decode(latents, state, uint8)
         if first and not self._untrimmed(None):
             frames = frames[:, self.frames_to_trim:]
@@ -258,7 +258,7 @@ class TAEHV(nn.Module):
         if state is None:
             return StreamState(part, signature, [None] * len(memory_indices(getattr(self, part))))
         if not isinstance(state, StreamState) or state.part != part:
-            raise TypeError(f"state must be what the last {part[:-2]}_step returned (or None), got "
+            raise TypeError(f"state must be what the last {part[:-1]}_step returned (or None), got "
                             f"{type(state).__name__}{' for the ' + state.part if isinstance(state, StreamState) else ''}")
         if state.signature != signature:
             raise ValueError(f"this state was made for {_describe(state.signature)} but the input is "
