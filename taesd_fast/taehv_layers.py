@@ -128,10 +128,27 @@ class TGrow(nn.Module):
         if upscale or self.stride == 1:
             y = self.conv(x)
             return y.reshape(nt * self.stride, c, h, w)
-        return dispatch.conv2d(x, self.conv.weight[-c:], None, layer=self.conv)
+        weight, _ = weight_rows(self.conv, slice(-c, None))
+        return dispatch.conv2d(x, weight, None, layer=self.conv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
+
+
+def weight_rows(conv: nn.Conv2d, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight[rows], bias[rows]) as compact tensors in the weight's memory format, kept until the weight changes:
+    the kernels cache their packed weights per tensor object, so a fresh slice on every call would repack."""
+    w = conv.weight
+    stamp = (rows.start, rows.stop, rows.step, w.data_ptr(), w._version, w.dtype, w.device, w.stride())
+    hit = conv.__dict__.get("_rows_cache")
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    fmt = torch.channels_last if w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() \
+        else torch.contiguous_format
+    with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
+        value = (w[rows].contiguous(memory_format=fmt), None if conv.bias is None else conv.bias[rows].contiguous())
+    conv.__dict__["_rows_cache"] = (stamp, value)
+    return value
 
 
 def build_encoder(arch: TAEHVArch) -> nn.Sequential:
@@ -218,7 +235,8 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
             if preview is None or preview.space[stage]:
                 x = F.pixel_shuffle(m(x, relu=True), 2)
             else:
-                x = dispatch.conv2d(x, m.weight[0::4], m.bias[0::4], relu=True, layer=m)
+                weight, bias = weight_rows(m, slice(0, None, 4))
+                x = dispatch.conv2d(x, weight, bias, relu=True, layer=m)
             x = grow.run(x, time_on)
             stage += 1
             i += 4
