@@ -9,8 +9,6 @@ CUDA graph from its second call with a state on.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,28 +17,8 @@ from . import dispatch, graphs
 from .layers import name_layers
 from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .taehv_layers import TAEHVArch, Preview, build_decoder, build_encoder, memory_indices, run_sequence
+from .taehv_stream import StreamState, check_video, graphed_step, replayable
 from .validation import as_float_dtype
-
-
-@dataclass
-class StreamState:
-    """What a stream carries between steps: each memory block's input at the last frame (updated in place), the
-    shapes it was made for, the step count, and (on CUDA) the step's captured graph. Start a stream with None."""
-
-    part: str  # "encoder" | "decoder"
-    signature: tuple  # (batch, height, width, dtype, device, preview) of the inputs it was made for
-    memory: list = field(repr=False)
-    steps: int = 0
-    _graph: object = field(default=None, repr=False)
-    _seen: object = field(default=None, repr=False)
-
-
-@dataclass
-class _Graph:
-    key: tuple
-    input: torch.Tensor
-    replay: object
-    output: torch.Tensor
 
 
 class TAEHV(nn.Module):
@@ -174,7 +152,7 @@ class TAEHV(nn.Module):
         The end is padded with copies of the last frame up to a multiple of t_downscale. parallel=False encodes
         t_downscale frames at a time (memory bounded by one step, same result)."""
         param = self._param("encoder")
-        _check_video(video, "video", 3, param, self.arch.space_scale)
+        check_video(video, "video", 3, param, self.arch.space_scale)
         pad = -video.shape[1] % self.t_downscale
         if pad:
             video = torch.cat([video, video[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
@@ -195,7 +173,7 @@ class TAEHV(nn.Module):
         parallel=False decodes one latent frame per step (memory bounded by one step, same result).
         uint8: frames as uint8 in [0, 255] (rounded), for writing video."""
         param = self._param("decoder")
-        _check_video(latents, "latents", self.latent_channels, param)
+        check_video(latents, "latents", self.latent_channels, param)
         trim = 0 if self._untrimmed(latents.shape[1]) else self.frames_to_trim
         if parallel:
             frames, _ = self._decode(latents, None, uint8)
@@ -219,10 +197,10 @@ class TAEHV(nn.Module):
         returned; memory does not grow with the stream's length."""
         param = self._param("decoder")
         if isinstance(latents, torch.Tensor) and latents.dim() == 4:
-            _check_video(latents.unsqueeze(1), "latents", self.latent_channels, param)
+            check_video(latents.unsqueeze(1), "latents", self.latent_channels, param)
             latents = latents.unsqueeze(1)
         else:
-            _check_video(latents, "latents", self.latent_channels, param)
+            check_video(latents, "latents", self.latent_channels, param)
         first = state is None or getattr(state, "steps", None) == 0  # (a wrong state is reported below)
         frames, state = self._decode(latents, state, uint8)
         if first and not self._untrimmed(None):
@@ -233,7 +211,7 @@ class TAEHV(nn.Module):
         """One streaming step: video [N, k * t_downscale, 3, H, W] in [0, 1] -> (latents [N, k, C, h, w], state).
         Start with state=None; pad the end of a video yourself (repeat its last frame), as `encode_video` does."""
         param = self._param("encoder")
-        _check_video(video, "video", 3, param, self.arch.space_scale)
+        check_video(video, "video", 3, param, self.arch.space_scale)
         n, t, _, h, w = video.shape
         if t % self.t_downscale:
             raise ValueError(f"encode_step takes a multiple of {self.t_downscale} frames (the encoder's time "
@@ -258,8 +236,9 @@ class TAEHV(nn.Module):
         if state is None:
             return StreamState(part, signature, [None] * len(memory_indices(getattr(self, part))))
         if not isinstance(state, StreamState) or state.part != part:
+            other = f" for the {state.part}" if isinstance(state, StreamState) else ""
             raise TypeError(f"state must be what the last {part[:-1]}_step returned (or None), got "
-                            f"{type(state).__name__}{' for the ' + state.part if isinstance(state, StreamState) else ''}")
+                            f"{type(state).__name__}{other}")
         if state.signature != signature:
             raise ValueError(f"this state was made for {_describe(state.signature)} but the input is "
                              f"{_describe(signature)}; start a new stream with state=None")
@@ -275,36 +254,13 @@ class TAEHV(nn.Module):
             return self._postprocess(out, uint8) if state.part == "decoder" else out
 
         with torch.no_grad():
-            if not (self.cuda_graphs and _replayable(x)):
+            if not (self.cuda_graphs and replayable(x)):
                 out = step(x)
             else:
                 with torch.cuda.device(x.device):  # capture and replay on the input's GPU
-                    out = self._graphed(step, x, seq, state, uint8)
+                    out = graphed_step(step, x, graphs.parameters_of(seq), state, uint8)
         state.steps += 1
         return out
-
-    @staticmethod
-    def _graphed(step, x: torch.Tensor, seq: nn.Sequential, state: StreamState, uint8: bool) -> torch.Tensor:
-        key = (x.shape, x.dtype, x.stride(), uint8, dispatch.get_backend(),
-               tuple((p.data_ptr(), p._version) for p in graphs.parameters_of(seq)))
-        graph = state._graph
-        if graph is not None and graph.key == key:
-            graph.input.copy_(x)
-            graph.replay()
-            return graph.output.clone()
-        if state._seen != key or any(m is None for m in state.memory):  # a shape's first call runs eagerly
-            state._seen = key
-            return step(x)
-        # Capturing runs the step (warm-up) on the state's memory: keep it and put it back before the real step.
-        saved = [m.clone() for m in state.memory]
-        static = x.clone()
-        replay, output = graphs.capture(lambda: step(static))
-        for m, s in zip(state.memory, saved):
-            m.copy_(s)
-        state._graph = _Graph(key, static, replay, output)
-        static.copy_(x)
-        replay()
-        return output.clone()
 
     def _postprocess(self, out: torch.Tensor, uint8: bool) -> torch.Tensor:
         if self.patch_size > 1:
@@ -356,42 +312,9 @@ def _describe(signature: tuple) -> str:
     return f"batch {n} at {h}x{w} ({str(dtype).replace('torch.', '')} on {device})"
 
 
-def _replayable(x: torch.Tensor) -> bool:
-    return x.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
-
-
 def _progress(items, show: bool, what: str):
     if not show:
         return items
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=f"TAEHV {what}", unit="step")
-
-
-def _check_video(x, name: str, channels: int, like: torch.Tensor, multiple: int = 1) -> None:
-    """x must be an NTCHW float tensor with `channels` at dim 2 on like's device and dtype; one-line errors."""
-    layout = "[N, T, C, H, W] (NTCHW)"
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
-    if x.dim() != 5:
-        hint = " (one frame? add a time dimension with .unsqueeze(1))" if x.dim() == 4 else ""
-        raise ValueError(f"{name} must have 5 dims {layout}, got shape {tuple(x.shape)}{hint}")
-    if x.shape[2] != channels:
-        if x.shape[1] == channels:
-            raise ValueError(f"{name} of shape {tuple(x.shape)} looks NCTHW (channels at dim 1); TAEHV takes NTCHW "
-                             f"with {channels} channels at dim 2: pass {name}.transpose(1, 2)")
-        raise ValueError(f"{name} must have {channels} channels at dim 2 {layout}, got shape {tuple(x.shape)}")
-    if x.shape[1] == 0:
-        raise ValueError(f"{name} has 0 frames (shape {tuple(x.shape)}); at least 1 is needed")
-    if 0 in x.shape:
-        raise ValueError(f"{name} has an empty dimension: shape {tuple(x.shape)} {layout}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{name} must be floating point ({like.dtype} for this model), got {x.dtype}"
-                        + ("; convert uint8 frames with x.float() / 255" if x.dtype == torch.uint8 else ""))
-    if x.dtype != like.dtype:
-        raise TypeError(f"{name} has dtype {x.dtype} but the model is {like.dtype}; use {name}.to({like.dtype})")
-    if x.device != like.device:
-        raise ValueError(f"{name} is on {x.device} but the model is on {like.device}; move one of them")
-    if x.shape[-2] % multiple or x.shape[-1] % multiple:
-        raise ValueError(f"{name} frames are {x.shape[-1]}x{x.shape[-2]} pixels; the encoder needs multiples of "
-                         f"{multiple} on each side: pad or resize first")

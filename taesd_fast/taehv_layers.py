@@ -156,7 +156,7 @@ def build_encoder(arch: TAEHVArch) -> nn.Sequential:
     w = ENCODER_WIDTH
     layers: list[nn.Module] = [conv3x3(IMAGE_CHANNELS * arch.patch_size ** 2, w), nn.ReLU()]
     for stride in arch.encoder_time:
-        layers += [TPool(w, stride), conv3x3(w, w, stride=2, bias=False), MemBlock(w, w), MemBlock(w, w), MemBlock(w, w)]
+        layers += [TPool(w, stride), conv3x3(w, w, stride=2, bias=False)] + [MemBlock(w, w) for _ in range(3)]
     layers.append(conv3x3(w, arch.latent_channels))
     return nn.Sequential(*layers)
 
@@ -225,9 +225,10 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
             grow, conv = modules[i + 1], modules[i + 2]
             time_on = preview is None or preview.time[stage]
             space_on = preview is None or preview.space[stage]
-            x = conv(grow.run(x, time_on), upsample=2 if space_on else 1)
+            relu = i + 3 < len(modules) and isinstance(modules[i + 3], nn.ReLU)  # the last stage's conv
+            x = conv(grow.run(x, time_on), upsample=2 if space_on else 1, relu=relu)
             stage += 1
-            i += 3
+            i += 4 if relu else 3
         elif isinstance(m, DispatchConv2d) and isinstance(nxt, nn.ReLU) and i + 2 < len(modules) \
                 and isinstance(modules[i + 2], nn.PixelShuffle):  # super decoder: conv, ReLU, PixelShuffle, TGrow
             grow = modules[i + 3]

@@ -101,8 +101,8 @@ def check_output(output: Path, inputs: list[Path], overwrite: bool, suffix: str)
     if output.suffix.lower() != suffix:
         raise ValueError(f"-o {output}: expected a {suffix} file")
     for path in inputs:
-        same = output.resolve() == path.resolve() or (path.exists() and output.exists() and os.path.samefile(output, path))
-        if same:
+        if output.resolve() == path.resolve() or (path.exists() and output.exists()
+                                                  and os.path.samefile(output, path)):
             raise ValueError(f"-o {output} is the input {path}; choose another output name")
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
@@ -134,7 +134,8 @@ def load_video_latents(path: Path, ncthw: bool = False) -> tuple[torch.Tensor, d
 
             with safe_open(str(path), framework="pt") as f:
                 if LATENTS_KEY not in f.keys():
-                    raise ValueError(f"{path} has no tensor named {LATENTS_KEY!r} (it has: {', '.join(f.keys()) or 'none'})")
+                    raise ValueError(f"{path} has no tensor named {LATENTS_KEY!r} "
+                                     f"(it has: {', '.join(f.keys()) or 'none'})")
                 latents, metadata = f.get_tensor(LATENTS_KEY), dict(f.metadata() or {})
         elif path.suffix.lower() in (".pt", ".pth"):
             data = torch.load(path, map_location="cpu", weights_only=True)
@@ -148,7 +149,8 @@ def load_video_latents(path: Path, ncthw: bool = False) -> tuple[torch.Tensor, d
 
         raise ValueError(f"could not read latents file {path} ({type(err).__name__}: {reader_reason(err)})") from err
     if not isinstance(latents, torch.Tensor) or not latents.dtype.is_floating_point or latents.dim() not in (4, 5):
-        what = f"{latents.dtype} {tuple(latents.shape)}" if isinstance(latents, torch.Tensor) else type(latents).__name__
+        is_tensor = isinstance(latents, torch.Tensor)
+        what = f"{latents.dtype} {tuple(latents.shape)}" if is_tensor else type(latents).__name__
         raise ValueError(f"{path}: latents must be a floating point [N, T, C, h, w] or [T, C, h, w] tensor, got {what}")
     if latents.dim() == 4:
         latents = latents.unsqueeze(0)

@@ -126,7 +126,8 @@ def test_streaming_decode_equals_parallel(family):
 def test_streaming_encode_equals_parallel(family):
     _, _, model = family
     td = model.t_downscale
-    video = torch.rand(1, 2 * td, 3, 16 * model.patch_size, 16 * model.patch_size, generator=torch.Generator().manual_seed(3))
+    side = 16 * model.patch_size
+    video = torch.rand(1, 2 * td, 3, side, side, generator=torch.Generator().manual_seed(3))
     whole = model.encode_video(video)
     one, state = model.encode_step(video[:, :td])
     two, _ = model.encode_step(video[:, td:], state)

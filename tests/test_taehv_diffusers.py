@@ -62,8 +62,10 @@ def test_decode_undoes_the_pipelines_denormalisation(w22, monkeypatch):
     monkeypatch.setattr(vae.taehv, "decode_video", lambda z, **kw: seen.append(z) or real_decode(z, **kw))
     # --- as in WanPipeline.__call__ (output_type != "latent")
     lat = latents.to(vae.device, dtype=vae.dtype)
-    latents_mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(lat.device, lat.dtype)
-    latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(lat.device, lat.dtype)
+    latents_mean = (torch.tensor(vae.config.latents_mean)
+                    .view(1, vae.config.z_dim, 1, 1, 1).to(lat.device, lat.dtype))
+    latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(
+        lat.device, lat.dtype)
     lat = lat / latents_std + latents_mean
     video = vae.decode(lat, return_dict=False)[0]
     frames = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial).postprocess_video(video, output_type="pt")
@@ -83,7 +85,8 @@ def test_encode_gives_what_the_pipelines_normalise(w22):
     video = torch.rand(1, 3, 9, 32, 64, generator=torch.Generator().manual_seed(1)) * 2 - 1  # NCTHW, [-1, 1]
     out = vae.encode(video)
     latent_condition = out.latent_dist.mode()  # retrieve_latents' argmax branch
-    assert torch.equal(out.latent_dist.sample(torch.Generator()), latent_condition) and torch.equal(out.latents, latent_condition)
+    assert torch.equal(out.latent_dist.sample(torch.Generator()), latent_condition)
+    assert torch.equal(out.latents, latent_condition)
     latents_mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1)
     latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1)
     normalised = (latent_condition - latents_mean) * latents_std
@@ -110,7 +113,8 @@ def test_same_shapes_and_conventions_as_autoencoderklwan(w21):
 
 def test_vae_config_and_errors(w22):
     taehv = w22.taehv
-    custom = AutoencoderTinyWan.for_vae_config(taehv, {"z_dim": 48, "latents_mean": [0.0] * 48, "latents_std": [2.0] * 48})
+    config = {"z_dim": 48, "latents_mean": [0.0] * 48, "latents_std": [2.0] * 48}
+    custom = AutoencoderTinyWan.for_vae_config(taehv, config)
     assert custom.config.latents_std == [2.0] * 48
     with pytest.raises(ValueError, match="z_dim=16 but taew2_2 has 48 latent channels"):
         AutoencoderTinyWan.for_vae_config(taehv, {"z_dim": 16})

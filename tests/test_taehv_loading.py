@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 from taesd_fast import TAEHV
 from taesd_fast import taehv as taehv_module
+from taesd_fast import taehv_stream
 from taesd_fast.weights_io import WeightsError
 
 HW = (2, 3)
@@ -229,8 +230,8 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
         captures.append(output.shape)
         return (lambda: output.copy_(fn())), output
 
-    monkeypatch.setattr(taehv_module, "_replayable", lambda x: True)
-    monkeypatch.setattr(taehv_module.graphs, "capture", fake_capture)
+    monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
+    monkeypatch.setattr(taehv_stream.graphs, "capture", fake_capture)
     monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: _Null())
     latents = torch.randn(1, 5, 48, *HW)
     whole = w22.decode_video(latents)
