@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .diffusers_compat import TinyDecoderOutput, TinyVAEConfig
+from .diffusers_compat import AutoencoderTinyFast, TinyDecoderOutput, TinyVAEConfig
 from .taehv import TAEHV
 
 # The latent statistics of the VAEs each TAEHV was distilled from: AutoencoderKLWan's defaults (Wan 2.1 VAE,
@@ -124,13 +124,8 @@ class AutoencoderTinyWan(nn.Module):
                              "latent channels; use taew2_1 for 16-channel Wan VAEs and taew2_2 for the 48-channel one")
         return cls(taehv, **{k: vae_config[k] for k in _FROM_VAE_CONFIG if vae_config.get(k) is not None})
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
+    dtype = AutoencoderTinyFast.dtype  # the parameters' dtype and device, as diffusers' models report them
+    device = AutoencoderTinyFast.device
 
     def enable_slicing(self) -> None:
         self.use_slicing = True
@@ -181,11 +176,8 @@ class AutoencoderTinyWan(nn.Module):
         decoded = self.decode(self.encode(sample).latent_dist.mode()).sample
         return TinyDecoderOutput(decoded) if return_dict else (decoded,)
 
-    def _offload_hook(self) -> None:
-        # accelerate's offload hooks move weights in forward(); pipelines call encode/decode directly.
-        hook = getattr(self, "_hf_hook", None)
-        if hook is not None and hasattr(hook, "pre_forward"):
-            hook.pre_forward(self)
+    # accelerate's offload hooks move weights in forward(); pipelines call encode/decode directly, so run it there.
+    _offload_hook = AutoencoderTinyFast._offload_hook
 
 
 def _check_ncthw(x, name: str, channels: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 
@@ -47,23 +48,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_decode)
 
-    p = sub.add_parser("encode", help=".mp4 (any video PyAV reads) -> latents .safetensors",
-                       description="Encode a video to a latents file (NTCHW, with the variant, fps and size as "
-                                   "metadata). Frames are padded to the model's multiple by edge replication.")
-    p.add_argument("video", type=Path, metavar="VIDEO")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output .safetensors")
-    p.add_argument("--max-frames", type=_positive_int, help="encode only the first N frames")
-    _add_common(p, encoder=True)
-    p.set_defaults(func=cmd_encode)
-
-    p = sub.add_parser("roundtrip", help="encode + decode a video, print PSNR and fps",
-                       description="Encode and decode a video through the latent space (streamed), write the "
-                                   "result with the same fps and size, print its PSNR.")
-    p.add_argument("video", type=Path, metavar="VIDEO")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output .mp4")
-    p.add_argument("--max-frames", type=_positive_int, help="process only the first N frames")
-    _add_common(p, encoder=True)
-    p.set_defaults(func=cmd_roundtrip)
+    for name, func, output, short, long in (
+        ("encode", cmd_encode, ".safetensors", ".mp4 (any video PyAV reads) -> latents .safetensors",
+         "Encode a video to a latents file (NTCHW, with the variant, fps and size as metadata). Frames are padded "
+         "to the model's multiple by edge replication."),
+        ("roundtrip", cmd_roundtrip, ".mp4", "encode + decode a video, print PSNR and fps",
+         "Encode and decode a video through the latent space (streamed), write the result with the same fps and "
+         "size, print its PSNR."),
+    ):
+        p = sub.add_parser(name, help=short, description=long)
+        p.add_argument("video", type=Path, metavar="VIDEO")
+        p.add_argument("-o", "--output", type=Path, required=True, help=f"output {output}")
+        p.add_argument("--max-frames", type=_positive_int, help="use only the first N frames")
+        _add_common(p, encoder=True)
+        p.set_defaults(func=func)
     return video
 
 
@@ -108,8 +106,28 @@ def check_output(output: Path, inputs: list[Path], overwrite: bool, suffix: str)
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
 
 
-def _partial(output: Path) -> Path:
-    return output.with_name(f"{output.stem}.partial{output.suffix}")
+@contextmanager
+def written(output: Path):
+    """Yields a temporary path beside `output` to write to; renamed to `output` only when the block succeeds, so a
+    failed run leaves an existing output as it was and no half-written file behind."""
+    partial = output.with_name(f"{output.stem}.partial{output.suffix}")
+    try:
+        yield partial
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _video_job(args: argparse.Namespace, suffix: str, decoder: bool):
+    """Checks and loads shared by encode and roundtrip: (video info, model, clock)."""
+    from .lipsync import probe
+
+    check_output(args.output, [args.video], args.overwrite, suffix)
+    info = probe(args.video)
+    if args.variant is None and (args.weights is None or not Path(args.weights).is_file()):
+        raise ValueError(f"which TAEHV for {args.video}? pass --variant ({', '.join(VARIANTS)}) or --weights FILE")
+    model = load_model(args, args.variant, encoder=True, decoder=decoder)
+    return info, model, _Clock(next(model.parameters()).device)
 
 
 def load_model(args: argparse.Namespace, variant: str | None, *, encoder: bool, decoder: bool):
@@ -232,22 +250,17 @@ def cmd_decode(args: argparse.Namespace) -> int:
     width = _metadata_int(metadata, "width") or latents.shape[-1] * scale
     total = latents.shape[1] * model.t_upscale - model.frames_to_trim
     keep = min(total, _metadata_int(metadata, "frames") or total)
-    clock, state, written = _Clock(param.device), None, 0
-    partial = _partial(args.output)
-    try:
-        with VideoWriter(partial, fps, width, height, crf=args.crf, preset=args.preset) as writer, \
-                torch.inference_mode():
-            for t in tqdm(range(latents.shape[1]), desc="decoding", unit="latent"):
-                z = latents[:, t].to(param.device, param.dtype)
-                frames, state = clock.run(model.decode_step, z, state, uint8=True)
-                for frame in _to_hwc(frames, height, width)[: keep - written]:
-                    writer.write(frame)
-                    written += 1
-        os.replace(partial, args.output)
-    finally:
-        partial.unlink(missing_ok=True)
+    clock, state, count = _Clock(param.device), None, 0
+    with written(args.output) as partial, torch.inference_mode(), \
+            VideoWriter(partial, fps, width, height, crf=args.crf, preset=args.preset) as writer:
+        for t in tqdm(range(latents.shape[1]), desc="decoding", unit="latent"):
+            z = latents[:, t].to(param.device, param.dtype)
+            frames, state = clock.run(model.decode_step, z, state, uint8=True)
+            for frame in _to_hwc(frames, height, width)[: keep - count]:
+                writer.write(frame)
+                count += 1
     print(f"wrote {args.output} ({model.variant}, {fps} fps)")
-    print(clock.report(written, "decoded", (height, width)))
+    print(clock.report(count, "decoded", (height, width)))
     return 0
 
 
@@ -283,15 +296,10 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from .lipsync import probe, read_frames
+    from .lipsync import read_frames
 
-    check_output(args.output, [args.video], args.overwrite, ".safetensors")
-    info = probe(args.video)
-    if args.variant is None and (args.weights is None or not Path(args.weights).is_file()):
-        raise ValueError(f"which TAEHV encodes {args.video}? pass --variant ({', '.join(VARIANTS)})")
-    model = load_model(args, args.variant, encoder=True, decoder=False)
-    device = next(model.parameters()).device
-    clock, out = _Clock(device), []
+    info, model, clock = _video_job(args, ".safetensors", decoder=False)
+    out = []
     frames = tqdm(read_frames(args.video, args.max_frames), desc="encoding", unit="frame",
                   total=min(info.frames or 0, args.max_frames or info.frames or 0) or None)
     with torch.inference_mode():
@@ -300,12 +308,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
     latents = torch.cat(out, 1)
     metadata = {"variant": model.variant, "fps": str(info.fps), "frames": str(count), "height": str(height),
                 "width": str(width)}
-    partial = _partial(args.output)
-    try:
+    with written(args.output) as partial:
         save_file({LATENTS_KEY: latents.contiguous()}, str(partial), metadata=metadata)
-        os.replace(partial, args.output)
-    finally:
-        partial.unlink(missing_ok=True)
     print(f"wrote {args.output}: latents {tuple(latents.shape)} ({model.variant})")
     print(clock.report(count, "encoded", (height, width)))
     return 0
@@ -316,18 +320,11 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from .lipsync import VideoWriter, probe, read_frames
+    from .lipsync import VideoWriter, read_frames
 
-    check_output(args.output, [args.video], args.overwrite, ".mp4")
-    info = probe(args.video)
-    if args.variant is None and (args.weights is None or not Path(args.weights).is_file()):
-        raise ValueError(f"which TAEHV? pass --variant ({', '.join(VARIANTS)})")
-    model = load_model(args, args.variant, encoder=True, decoder=True)
-    device = next(model.parameters()).device
-    clock = _Clock(device)
+    info, model, clock = _video_job(args, ".mp4", decoder=True)
     originals: deque = deque()  # input frames waiting for their decoded frame (a few steps' worth)
     squared_error, compared = 0.0, 0
-    partial = _partial(args.output)
     budget = args.max_frames or info.frames or None
 
     def source():
@@ -335,28 +332,24 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
             originals.append(frame)
             yield frame
 
-    try:
-        with VideoWriter(partial, info.fps, info.width, info.height, crf=args.crf, preset=args.preset) as writer, \
-                torch.inference_mode():
-            state = None
+    with written(args.output) as partial, torch.inference_mode(), \
+            VideoWriter(partial, info.fps, info.width, info.height, crf=args.crf, preset=args.preset) as writer:
+        state = None
 
-            def on_latent(latents):
-                nonlocal state, squared_error, compared
-                frames, state = clock.run(model.decode_step, latents, state, uint8=True)
-                for frame in _to_hwc(frames, info.height, info.width):
-                    if not originals:  # decoded padding frames past the end of the input
-                        return
-                    original = originals.popleft()
-                    diff = torch.from_numpy(frame).float() - torch.from_numpy(original).float()
-                    squared_error += diff.pow(2).mean().item()
-                    compared += 1
-                    writer.write(frame)
+        def on_latent(latents):
+            nonlocal state, squared_error, compared
+            frames, state = clock.run(model.decode_step, latents, state, uint8=True)
+            for frame in _to_hwc(frames, info.height, info.width):
+                if not originals:  # decoded padding frames past the end of the input
+                    return
+                original = originals.popleft()
+                diff = torch.from_numpy(frame).float() - torch.from_numpy(original).float()
+                squared_error += diff.pow(2).mean().item()
+                compared += 1
+                writer.write(frame)
 
-            frames_in = tqdm(source(), desc="round trip", unit="frame", total=budget)
-            count, _ = _stream_encode(model, frames_in, clock, model.arch.space_scale, on_latent)
-        os.replace(partial, args.output)
-    finally:
-        partial.unlink(missing_ok=True)
+        frames_in = tqdm(source(), desc="round trip", unit="frame", total=budget)
+        count, _ = _stream_encode(model, frames_in, clock, model.arch.space_scale, on_latent)
     mse = squared_error / max(compared, 1) / 255 ** 2
     psnr = float("inf") if mse == 0 else -10 * torch.log10(torch.tensor(mse)).item()
     print(f"wrote {args.output} ({model.variant}): PSNR {psnr:.2f} dB over {compared} frames")
