@@ -174,8 +174,14 @@ def choose_name(arch: TAEHVArch, requested: str | None, hint: str | None, source
 def resolve(name_or_path, *, variant: str | None, revision: str | None = None, cache_dir=None,
             local_files_only: bool = False) -> tuple[StateDict, str, str | None]:
     """(state dict, where it came from, a variant name the path suggests) for any accepted source:
-    None or a variant name (the Hub repo madebyollin/taehv), a Hub repo id, a local folder, a weights file."""
+    None or a variant name (the Hub repo madebyollin/taehv), a Hub repo id, a local folder, a weights file. An
+    existing local path wins over a variant name or repo id that reads the same."""
     known_variant(variant)
+    path = Path(name_or_path) if name_or_path is not None else None
+    if path is not None and path.is_file():
+        return read_state_dict(path), str(path), variant_hint(path)
+    if path is not None and path.is_dir():
+        return _from_folder(path, variant)
     if name_or_path is None or str(name_or_path) in VARIANTS:
         name = variant if name_or_path is None else str(name_or_path)
         if variant is not None and name != variant:
@@ -184,11 +190,6 @@ def resolve(name_or_path, *, variant: str | None, revision: str | None = None, c
             raise ValueError("TAEHV.from_pretrained needs a variant name (e.g. 'taew2_2'), a Hub repo id, a folder "
                              f"or a file; variants: {', '.join(VARIANTS)}")
         return _from_hub(HUB_REPO, name, revision, cache_dir, local_files_only)
-    path = Path(name_or_path)
-    if path.is_file():
-        return read_state_dict(path), str(path), variant_hint(path)
-    if path.is_dir():
-        return _from_folder(path, variant)
     repo_id = require_repo_id(name_or_path, example=HUB_REPO)
     stem = variant or variant_hint(repo_id)
     if stem is None:
