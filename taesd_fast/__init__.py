@@ -1,4 +1,4 @@
-"""taesd_fast: TAESD and the Wan 2.2 VAE output head, with custom GPU kernels behind measured dispatch.
+"""taesd_fast: TAESD, TAEHV and the Wan 2.2 VAE output head, with custom GPU kernels behind measured dispatch.
 
 Importing this package never initialises CUDA or compiles anything; kernels are built on first use.
 """
@@ -9,10 +9,11 @@ from .dispatch import backend, set_backend, set_tuning, tuning
 from .graphs import CUDAGraphed
 from .head import OutputHead
 from .taesd import TAESD
+from .taehv import TAEHV
 from .tiling import decode_tiled, encode_tiled
 
 __all__ = [
-    "TAESD", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",
+    "TAESD", "TAEHV", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",
     "backend", "set_backend", "tuning", "set_tuning", "kernels_available", "kernels_unavailable_reason",
 ]
 __version__ = "0.1.0"

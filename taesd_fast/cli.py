@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import tune_cli
+from . import tune_cli, video_cli
 from .architecture import VARIANTS
 from .cli_support import (
     DEBUG_ENV, DTYPES, PROG, debug_wanted, load_model, model_param, one_line, one_line_warnings, output_paths,
@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     tune_cli.add_parser(sub, add_model_arguments, load_model)
+    video_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,150 @@
+"""TAEHV on a CUDA GPU: the dispatched fast path against the float64 reference (within 2x of PyTorch's own fp16
+error), the CUDA-graphed streaming step against eager, streaming against parallel, and a streaming peak memory that
+does not grow with the stream's length. Random weights in the published layout (no TAEHV weights are reachable).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference_taehv import ReferenceTAEHV, published_keys, random_state_dict
+
+from taesd_fast import TAEHV, dispatch
+from taesd_fast._backend import kernels_unavailable_reason
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="TAEHV GPU tests need a CUDA device"),
+    pytest.mark.usefixtures("isolated_dispatch"),
+]
+
+FAMILIES = {
+    "taew2_1": dict(latent=16, patch=1),
+    "taew2_2": dict(latent=48, patch=2),
+    "taew2_2_super": dict(latent=48, patch=2, super_decoder=True),
+    "taeltx_2": dict(latent=128, patch=4, encoder_time=(2, 2, 2), decoder_time=(2, 2, 2)),
+}
+
+
+def _state(name: str) -> dict:
+    f = FAMILIES[name]
+    return random_state_dict(published_keys(f["latent"], f["patch"], super_decoder=f.get("super_decoder", False),
+                                            encoder_time=f.get("encoder_time", (2, 2, 1)),
+                                            decoder_time=f.get("decoder_time", (1, 2, 2))), seed=len(name))
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm()).item()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    state = _state(request.param)
+    return (request.param, state, TAEHV.from_state_dict(state, device="cuda", dtype=torch.float16),
+            TAEHV.from_state_dict(state, device="cuda", dtype=torch.float32))
+
+
+@pytest.mark.parametrize("mode", ["auto", "kernels"])
+def test_fast_path_within_2x_of_torch_fp16_error(family, mode, no_tf32):
+    if mode == "kernels" and kernels_unavailable_reason() is not None:
+        pytest.skip(f"taesd_fast kernels unavailable: {kernels_unavailable_reason()}")
+    name, state, m16, m32 = family
+    # Small enough for the float64 reference on the CPU; channel widths (the kernels' concern) are the real ones.
+    latents = torch.randn(1, 3, m16.latent_channels, 6, 10, generator=torch.Generator().manual_seed(0))
+    expected = ReferenceTAEHV(state).decode_video(latents)
+    p = m16.patch_size
+    video = torch.rand(1, m16.t_downscale + 1, 3, 32 * p, 48 * p, generator=torch.Generator().manual_seed(1))
+    expected_latents = ReferenceTAEHV(state).encode_video(video)
+    z16, v16 = latents.cuda().half(), video.cuda().half()
+    with torch.no_grad():
+        with dispatch.backend("torch"):
+            torch_frames, torch_latents = m16.decode_video(z16), m16.encode_video(v16)
+            fp32_frames = m32.decode_video(latents.cuda())
+        with dispatch.backend(mode):
+            fast_frames, fast_latents = m16.decode_video(z16), m16.encode_video(v16)
+    assert _rel(fp32_frames, expected) < 1e-5  # cuDNN fp32 without TF32 is an fp32 reference
+    for what, fast, slow, ref in (("decode", fast_frames, torch_frames, expected),
+                                  ("encode", fast_latents, torch_latents, expected_latents)):
+        e_fast, e_torch = _rel(fast, ref), _rel(slow, ref)
+        print(f"\n{name} {mode} {what}: fast path rel err {e_fast:.3e}, PyTorch fp16 {e_torch:.3e}")
+        assert e_fast <= 2 * e_torch + 1e-6, (what, e_fast, e_torch)
+    if mode == "kernels":
+        print(m16.dispatch_table())
+
+
+def test_parameters_are_channels_last_on_cuda(family):
+    _, _, m16, _ = family
+    for name, p in m16.named_parameters():
+        if p.dim() == 4 and p.shape[-1] > 1:
+            assert p.is_contiguous(memory_format=torch.channels_last), name
+
+
+@pytest.mark.parametrize("mode", ["torch", "auto"])
+def test_graphed_step_equals_eager_and_parallel(family, mode):
+    name, _, m16, _ = family
+    latents = torch.randn(1, 6, m16.latent_channels, 11, 20, device="cuda", dtype=torch.float16)
+    with torch.no_grad(), dispatch.backend(mode):
+        whole = m16.decode_video(latents)
+        m16.cuda_graphs = False
+        eager, state = [], None
+        for t in range(6):
+            out, state = m16.decode_step(latents[:, t], state)
+            eager.append(out)
+        m16.cuda_graphs = True
+        graphed, state = [], None
+        for t in range(6):
+            out, state = m16.decode_step(latents[:, t], state)
+            graphed.append(out)
+        assert state._graph is not None, "the stream never replayed a graph"
+    # The graph replays the eager kernels on the same shapes: equal up to a different algorithm pick.
+    for t, (g, e) in enumerate(zip(graphed, eager)):
+        torch.testing.assert_close(g, e, rtol=0, atol=2e-3, msg=f"{name} step {t}")
+    torch.testing.assert_close(torch.cat(graphed, 1), whole, rtol=0, atol=2e-3)
+    assert graphed[-1].data_ptr() != state._graph.output.data_ptr()  # the caller's frames are their own
+
+
+def test_graphed_uint8_step(family):
+    _, _, m16, _ = family
+    latents = torch.randn(1, 4, m16.latent_channels, 11, 20, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        floats = m16.decode_video(latents)
+        frames, state = [], None
+        for t in range(4):
+            out, state = m16.decode_step(latents[:, t], state, uint8=True)
+            frames.append(out)
+    got = torch.cat(frames, 1)
+    assert got.dtype == torch.uint8
+    assert (got.float() - floats.float().mul(255)).abs().max() <= 2  # rounding, and fp16 graph vs eager
+
+
+def test_streaming_peak_memory_does_not_grow():
+    model = TAEHV.from_state_dict(_state("taew2_2"), device="cuda", dtype=torch.float16)
+    latents = torch.randn(1, 24, 48, 22, 40, device="cuda", dtype=torch.float16)
+
+    def peak(frames: int) -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        state = None
+        with torch.no_grad():
+            for t in range(frames):
+                out, state = model.decode_step(latents[:, t], state, uint8=True)
+                del out
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    peak(3)  # warm-up: dispatch timing, graph capture
+    short, long = peak(6), peak(24)
+    print(f"\nstreaming peak: 6 steps {short / 2**20:.1f} MiB, 24 steps {long / 2**20:.1f} MiB")
+    assert long <= short * 1.05 + 2**20
+
+
+def test_decoding_on_a_second_gpu_keeps_its_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    model = TAEHV.from_state_dict(_state("taew2_1"), device="cuda:1", dtype=torch.float16)
+    latents = torch.randn(1, 3, 16, 8, 8, device="cuda:1", dtype=torch.float16)
+    state = None
+    with torch.no_grad():
+        for t in range(3):
+            out, state = model.decode_step(latents[:, t], state)
+    assert out.device == torch.device("cuda:1")

@@ -1,0 +1,175 @@
+"""TAEHV against the independent float64 reference (tests/reference_taehv.py) on random weights in the published
+key layout, for every variant family: base (patch 1, 2, 4; time 4x and 8x) and super. No TAEHV weights are reachable
+from CI, so the weights are random; the files are written in the published layout and loaded by their keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import rel_err
+from reference_taehv import ReferenceTAEHV, published_keys, random_state_dict
+from safetensors.torch import save_file
+
+from taesd_fast.taehv import TAEHV
+from taesd_fast.taehv_hub import VARIANTS
+
+# fp32 CPU convs against float64: ~1e-7 in practice; a wrong layer, index or stride gives O(1) errors.
+REL_TOL = 1e-5
+
+FAMILIES = {  # one representative per family, with the published description's parameters
+    "taehv": dict(latent=16, patch=1),  # also taew2_1, taeos1_3, taecvx: identical tensors
+    "taew2_2": dict(latent=48, patch=2),
+    "taew2_2_super": dict(latent=48, patch=2, super_decoder=True),
+    "taeltx_2": dict(latent=128, patch=4, encoder_time=(2, 2, 2), decoder_time=(2, 2, 2)),
+}
+# Every published variant's description: (latent channels, patch, super, encoder strides, decoder strides).
+PUBLISHED = {
+    "taehv": (16, 1, False, (2, 2, 1), (1, 2, 2)), "taew2_1": (16, 1, False, (2, 2, 1), (1, 2, 2)),
+    "taeos1_3": (16, 1, False, (2, 2, 1), (1, 2, 2)), "taecvx": (16, 1, False, (2, 2, 1), (1, 2, 2)),
+    "taew2_2": (48, 2, False, (2, 2, 1), (1, 2, 2)), "taew2_2_super": (48, 2, True, (2, 2, 1), (1, 2, 2)),
+    "taehv1_5": (32, 2, False, (2, 2, 1), (1, 2, 2)), "taehv1_5_super": (32, 2, True, (2, 2, 1), (1, 2, 2)),
+    "taeltx_2": (128, 4, False, (2, 2, 2), (2, 2, 2)), "taeltx2_3": (128, 4, False, (2, 2, 2), (2, 2, 2)),
+}
+LATENT_HW = (2, 3)  # tiny: the CPU suite shares 2 cores
+LTX_HW = (1, 2)  # patch 4 and 8x time: the largest outputs per latent
+
+
+def _keys(name: str) -> dict:
+    latent, patch, sup, enc, dec = PUBLISHED[name]
+    return published_keys(latent, patch, super_decoder=sup, encoder_time=enc, decoder_time=dec)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(variant name, random state dict in the published layout, model loaded from a .safetensors file of it)."""
+    name = request.param
+    state = random_state_dict(_keys(name), seed=len(name))
+    path = tmp_path_factory.mktemp(name) / "weights.safetensors"  # a name that says nothing about the variant
+    save_file(state, str(path))
+    model = TAEHV.from_pretrained(path)
+    return name, state, model
+
+
+def _hw(model) -> tuple[int, int]:
+    return LTX_HW if model.patch_size == 4 else LATENT_HW
+
+
+def _latents(model, frames: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, frames, model.latent_channels, *_hw(model), generator=gen)
+
+
+def test_every_variant_has_the_published_key_layout():
+    """The key names and shapes listed from the published description equal the module's (so published files load)."""
+    for name in PUBLISHED:
+        with torch.device("meta"):
+            model = TAEHV(name)
+        got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        assert got == _keys(name), name
+        assert VARIANTS[name].t_downscale == (8 if "ltx" in name else 4)
+
+
+def test_variant_detected_from_the_tensors(family):
+    name, _, model = family
+    assert model.variant == name  # the file is called weights.safetensors: only the tensors tell
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+
+
+def test_decode_matches_float64_reference(family):
+    name, state, model = family
+    latents = _latents(model, 3)
+    ref = ReferenceTAEHV(state)
+    expected = ref.decode_video(latents)
+    frames = model.decode_video(latents)
+    assert ref.unused_keys("decoder") == []
+    t_up = 8 if "ltx" in name else 4
+    h, w = _hw(model)
+    assert frames.shape == (1, 3 * t_up - (t_up - 1), 3, 8 * h * model.patch_size, 8 * w * model.patch_size)
+    inside = ((expected > 0) & (expected < 1)).double().mean().item()
+    assert inside > 0.5, f"only {inside:.0%} of reference pixels inside (0, 1): the comparison would be weak"
+    assert rel_err(frames, expected) <= REL_TOL
+
+
+def test_encode_matches_float64_reference(family):
+    name, state, model = family
+    t_down = model.t_downscale
+    gen = torch.Generator().manual_seed(2)
+    video = torch.rand(1, t_down + 1, 3, 16 * model.patch_size, 16 * model.patch_size, generator=gen)  # padded
+    ref = ReferenceTAEHV(state)
+    expected = ref.encode_video(video)
+    latents = model.encode_video(video)
+    assert ref.unused_keys("encoder") == []
+    assert latents.shape == (1, 2, model.latent_channels, 2, 2)
+    assert expected.abs().max() > 0.1
+    assert rel_err(latents, expected) <= REL_TOL
+
+
+def test_streaming_decode_equals_parallel(family):
+    name, _, model = family
+    latents = _latents(model, 3, batch=2 if name == "taehv" else 1)
+    whole = model.decode_video(latents)
+    frames, state = [], None
+    for t in range(3):
+        out, state = model.decode_step(latents[:, t], state)
+        frames.append(out)
+    assert frames[0].shape[1] == 1 and all(f.shape[1] == model.t_upscale for f in frames[1:])  # the startup trim
+    torch.testing.assert_close(torch.cat(frames, 1), whole, rtol=0, atol=1e-6)
+    # A step of several latent frames, after a one-frame step, gives the same frames too.
+    first, state = model.decode_step(latents[:, :1])
+    rest, _ = model.decode_step(latents[:, 1:], state)
+    torch.testing.assert_close(torch.cat([first, rest], 1), whole, rtol=0, atol=1e-6)
+    if name == "taehv":  # decode_video(parallel=False) is the step loop; once is enough
+        torch.testing.assert_close(model.decode_video(latents, parallel=False), whole, rtol=0, atol=1e-6)
+
+
+def test_streaming_encode_equals_parallel(family):
+    name, _, model = family
+    td = model.t_downscale
+    side = 16 * model.patch_size
+    batch = 2 if name == "taehv" else 1
+    video = torch.rand(batch, 2 * td, 3, side, side, generator=torch.Generator().manual_seed(3))
+    whole = model.encode_video(video)
+    one, state = model.encode_step(video[:, :td])
+    two, _ = model.encode_step(video[:, td:], state)
+    torch.testing.assert_close(torch.cat([one, two], 1), whole, rtol=0, atol=1e-6)
+    torch.testing.assert_close(model.encode_video(video, parallel=False), whole, rtol=0, atol=1e-6)
+    if batch == 2:  # samples stay apart (TPool folds frames of one sample only)
+        torch.testing.assert_close(model.encode_video(video[1:]), whole[1:], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("time,space", [((False, False, False), (True, False, True)),
+                                        ((False, True, True), (False, False, False))])
+def test_preview_knobs_match_reference(family, time, space):
+    name, state, model = family
+    stage_has_time = [s == 2 for s in FAMILIES[name].get("decoder_time", (1, 2, 2))]
+    time = tuple(t and has for t, has in zip(time, stage_has_time))
+    latents = _latents(model, 2)
+    try:
+        model.set_preview(time, space)
+        expected = ReferenceTAEHV(state, time_upscale=time, space_upscale=space).decode_video(latents)
+        frames = model.decode_video(latents)
+        t_up = 1
+        for on, has in zip(time, stage_has_time):
+            t_up *= 2 if on and has else 1
+        side = model.patch_size * 2 ** sum(space)
+        assert model.t_upscale == t_up and model.space_upscale == side
+        h, w = _hw(model)
+        assert frames.shape == (1, 2 * t_up - (t_up - 1), 3, h * side, w * side)
+        assert rel_err(frames, expected) <= REL_TOL
+        streamed, state_ = [], None
+        for t in range(2):
+            out, state_ = model.decode_step(latents[:, t], state_)
+            streamed.append(out)
+        torch.testing.assert_close(torch.cat(streamed, 1), frames, rtol=0, atol=1e-6)
+    finally:
+        model.set_preview()
+
+
+def test_uint8_output(family):
+    _, _, model = family
+    latents = _latents(model, 2)
+    frames = model.decode_video(latents)
+    as_bytes = model.decode_video(latents, uint8=True)
+    assert as_bytes.dtype == torch.uint8
+    assert torch.equal(as_bytes, frames.mul(255).round().to(torch.uint8))
