@@ -222,9 +222,17 @@ def test_inference_mode_then_normal_mode(w22):
 
 
 def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
-    captures = []
+    """Steps 1: eager, 2: captured, then replays; when tuning changes decisions (the dispatch generation moves) the
+    next step captures again; when a tuning step holds the GPU the step runs eagerly. The stream equals
+    decode_video throughout."""
+    from taesd_fast import dispatch
 
-    def fake_capture(fn):
+    captures, busy = [], []
+
+    def fake_capture(fn, wait=True):
+        if busy:
+            busy.pop()
+            raise dispatch.GpuBusy("the background tuner is using the GPU")
         fn(), fn()  # warm-up runs on the side stream
         output = fn()  # stands in for the captured run (a real capture records it without running it)
         captures.append(output.shape)
@@ -233,14 +241,19 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
     monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
     monkeypatch.setattr(taehv_stream.graphs, "capture", fake_capture)
     monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: _Null())
-    latents = torch.randn(1, 5, 48, *HW)
+    latents = torch.randn(1, 8, 48, *HW)
     whole = w22.decode_video(latents)
     frames, state = [], None
-    for t in range(5):
+    for t in range(8):
+        if t == 4:
+            monkeypatch.setattr(dispatch.decide.state, "generation", dispatch.generation() + 1)
+            busy.append(True)  # the first try to capture again finds the tuner on the GPU
         out, state = w22.decode_step(latents[:, t], state)
         frames.append(out)
-    assert len(captures) == 1  # the second step captured; the later ones replayed
-    assert state._graph is not None
+        if t == 3:
+            assert len(captures) == 1  # the second step captured; the third and fourth replayed
+    assert len(captures) == 2 and not busy  # step 5 ran eagerly (busy), step 6 captured again, the rest replayed
+    assert state._graph.generation == dispatch.generation()
     torch.testing.assert_close(torch.cat(frames, 1), whole, rtol=0, atol=1e-6)
     # A replay returns a fresh tensor: the next replay must not overwrite what the caller holds.
     assert frames[-1].data_ptr() != state._graph.output.data_ptr()
