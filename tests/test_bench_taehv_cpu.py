@@ -106,3 +106,44 @@ def test_refuses_without_cuda(monkeypatch, capsys):
 def test_workload_filter_names_the_choices():
     with pytest.raises(SystemExit, match="matches no taehv workload.*taew2_2 step"):
         section(argparse.Namespace(workloads="nonesuch", no_compile=True))
+
+
+def test_section_dry_run_on_cpu(monkeypatch, capsys):
+    """The section's whole orchestration (setup, references, every row, the stream peak, a torch.compile that
+    fails, the table) on tiny workloads, with the CUDA-only calls stubbed: the GPU run is one device call, so a
+    slip in this code must show here first. Timing is stubbed (1 ms per call); errors are real."""
+    import taesd_fast.bench_taehv as bt
+
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    # float32 throughout (CPU float16 convs take seconds even at this size); the checks then see rounding noise.
+    monkeypatch.setattr(torch.Tensor, "half", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.nn.Module, "half", lambda self, *a, **k: self)
+    monkeypatch.setattr(bt, "require_cuda", lambda: None)
+    monkeypatch.setattr(bt, "_graph_of", lambda fn: fn)
+    monkeypatch.setattr(bt, "time_ms", lambda fn: (fn(), 1.0)[1])
+
+    def no_compile(*args, **kwargs):
+        raise RuntimeError("torch.compile is not available here\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", no_compile)
+    monkeypatch.setattr(bt, "STREAM_PEAK_STEPS", (2, 3))
+    tiny = [bt.Workload("taew2_1 clip", "taew2_1", 3, 1, 2), bt.Workload("taew2_2 step", "taew2_2", 1, 1, 2, True)]
+    rows = bt.bench_taehv(tiny, compile_modes=("default",))
+    printed = capsys.readouterr().out
+    by_method = {(r["workload"], r["method"]): r for r in rows}
+    for work in tiny:
+        assert by_method[(work.name, "PyTorch eager NCHW")]["ms"] == 1.0
+        assert by_method[(work.name, "torch.compile default")]["note"] == \
+            "failed: RuntimeError: torch.compile is not available here"
+        ours = [r for r in rows if r["workload"] == work.name and r["method"].startswith("taesd_fast decode")]
+        assert ours and all(r["rel err vs fp32"] < 1e-5 for r in ours if "rel err vs fp32" in r)
+        assert all(r.get("ms") == 1.0 for r in ours if "rel err vs fp32" in r)
+        assert f"{work.name} | PyTorch eager channels_last" in printed
+    assert by_method[("taew2_1 clip", "taesd_fast decode_video")]["fps"] == 9 * 1000.0  # 4 * 3 - 3 frames
+    assert by_method[("taew2_2 step", "taesd_fast decode_step (graph replay)")]["fps"] == 4 * 1000.0
+    assert "bounded" in by_method[("taew2_2 step", "taesd_fast decode_step stream peak")]["note"]
+    assert "taew2_1 clip" in bench.format_rows("taehv", rows)
