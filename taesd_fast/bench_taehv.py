@@ -318,12 +318,11 @@ class _Setup:
         self.z, self.z_check = z.cuda().half(), z_check.cuda().half()
         self.flop = decoder_flop(plain32, z.shape)
         self.out_frames = 4 * work.latent_frames - (0 if work.step else 3)
-        with torch.no_grad(), _fp32_exact():
-            # The references decode the fp16 inputs exactly (fp16 values are exact in fp32).
-            self.ref = plain32.decode_in_chunks(self.z.float(), REFERENCE_CHUNK)
-            self.ref_timed = plain32(self.z.float(), trim=False).cpu() if work.step else self.ref
-            self.ref_check = plain32.decode_in_chunks(self.z_check.float(), REFERENCE_CHUNK) if work.step \
-                else self.ref
+        with torch.no_grad(), _fp32_exact():  # of the fp16 inputs (fp16 values are exact in fp32)
+            # ref_timed: what the timed peer call gives (for a step: one latent frame decoded untrimmed);
+            # ref_check: what the taesd_fast rows are checked against (for a step: a stream of a few latents).
+            self.ref_check = plain32.decode_in_chunks(self.z_check.float(), REFERENCE_CHUNK)
+            self.ref_timed = plain32(self.z.float(), trim=False).cpu() if work.step else self.ref_check
         del plain32
         with torch.no_grad():
             self.torch_fp16_err = rel_err(self.plain16(self.z_check), self.ref_check)
@@ -353,8 +352,8 @@ class _Setup:
         if not work.step:
             call = lambda: model.decode_video(z)  # noqa: E731
             graphed = _graph_of(call)
-            return {"taesd_fast decode_video": (call, lambda: rel_err(call(), self.ref)),
-                    "taesd_fast decode_video in a CUDA graph": (graphed, lambda: rel_err(graphed(), self.ref))}
+            return {"taesd_fast decode_video": (call, lambda: rel_err(call(), self.ref_check)),
+                    "taesd_fast decode_video in a CUDA graph": (graphed, lambda: rel_err(graphed(), self.ref_check))}
         rows = {}
         for label, graphs_on in (("graph replay", True), ("eager", False)):
             stream = {"state": None}
