@@ -27,6 +27,10 @@
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TAESD_FAST_CACHE_DIR=/tmp/taesd_fast_cache TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 set -o pipefail
 CALL=${1:-1}
+if [ -n "$FIRST_USE$SANITIZE" ]; then
+  echo "FIRST_USE=1 / SANITIZE=1 are replaced by calls: 'bash tools/gpu_all.sh 2' runs first use, '... 3' the sanitizers" >&2
+  exit 2
+fi
 case $CALL in
   1) defaults=(300 240 0 0 0 0) ;;
   2) defaults=(0 0 150 0 390 0) ;;
