@@ -107,16 +107,22 @@ def _head_rows(args) -> list[dict]:
     return [{"what": n, "ms": ms, "note": note} for n, ms, note in bench_head()]
 
 
+def _taehv_rows(args) -> list[dict]:
+    from .bench_taehv import section
+
+    return section(args)
+
+
 SECTIONS: dict[str, Callable[..., list[dict]]] = {"conv": lambda args: bench_conv(), "taesd": _taesd_rows,
-                                                  "head": _head_rows}
+                                                  "head": _head_rows, "taehv": _taehv_rows}
 
 
 def main(argv=None, prog: str | None = None) -> None:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="conv,taesd,head", help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--out", help="also write the tables to this file")
-    ap.add_argument("--workloads", help="taesd section: comma-separated substrings of workload names (default all)")
-    ap.add_argument("--no-compile", action="store_true", help="taesd section: skip torch.compile (minutes per shape)")
+    ap.add_argument("--workloads", help="taesd, taehv sections: comma-separated substrings of workload names")
+    ap.add_argument("--no-compile", action="store_true", help="taesd, taehv sections: skip torch.compile (minutes)")
     args = ap.parse_args(argv)
     names = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in names if s not in SECTIONS]

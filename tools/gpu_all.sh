@@ -1,42 +1,87 @@
 #!/bin/bash
-# One call on a CUDA machine for everything that needs the GPU: the GPU tests, then the benchmarks, then (when asked)
-# the sanitizers. Run from the repository root. Each stage has its own time limit so a slow one cannot hide the
-# others; a stage whose variable is empty or 0 is skipped. Logs under $OUT (default /tmp/out).
-#   TEST_S      pytest tests/gpu limit (240; 0 skips)
-#   CONV_TC     shape filter for tools/bench_conv_tc.py (empty: skip), CONV_TC_S its limit (170)
-#   SECTIONS    taesd_fast.bench sections besides taesd (head,conv), HEAD_S their limit (150)
-#   TAESD_ARGS  extra arguments for the taesd section (e.g. "--no-compile --workloads B=1"), TAESD_S (300; 0 skips)
-#   FIRST_USE   1: tools/bench_first_use.py with empty caches, then again with the caches it left (empty: skip)
-#   SANITIZE    1: tools/sanitize.sh (compute-sanitizer memcheck + racecheck on every kernel; empty: skip)
+# Everything that needs the GPU, in calls that each fit the device's 10-minute limit per command. Run from the
+# repository root on a CUDA machine; logs and tables under $OUT (default /tmp/out).
+#
+#   bash tools/gpu_all.sh 1    GPU tests (the TAEHV and tuning tests first, then the rest of tests/gpu)
+#                              + the taesd section (TAESD vs eager / channels_last / graph / torch.compile)
+#   bash tools/gpu_all.sh 2    first use (tools/bench_first_use.py: fresh processes with empty caches, then a second
+#                              process on the caches the first left) + the taehv section (TAEHV vs plain PyTorch)
+#   bash tools/gpu_all.sh 3    the head and conv sections + the sanitizers (tools/sanitize.sh: memcheck and
+#                              racecheck on every kernel)
+#   bash tools/gpu_all.sh all  every stage in one go (well over 10 minutes: for a machine without that limit)
+# Without an argument: call 1. Calls 1 and 2 give the figures issues 25 and 26 ask for (first use, TAESD and TAEHV
+# beside torch.compile, the GPU suite); call 3 re-measures the per-kernel tables and runs the sanitizers. The stage
+# limits of each call add up to 540 s, so a call ends inside 10 minutes even when every stage runs out of time.
+# The taehv section measures its cheap rows first and torch.compile max-autotune last, printing each row as it
+# finishes, so a time limit cuts only the last max-autotune rows (rerun those with TAEHV_ARGS="--workloads ...").
+#
+# Each stage has its own time limit (seconds; 0 skips it) so a slow one cannot hide the others. A variable set in
+# the environment overrides the call's default:
+#   TEST_S       GPU tests                                          call 1: 300
+#   TAESD_S      taesd section, TAESD_ARGS extra arguments          call 1: 240   (e.g. "--no-compile --workloads B=1")
+#   FIRST_USE_S  tools/bench_first_use.py, FIRST_USE_ARGS extra     call 2: 150   (e.g. "--blocking")
+#   TAEHV_S      taehv section, TAEHV_ARGS extra arguments          call 2: 390   (e.g. "--no-compile --workloads step")
+#   HEAD_S       the sections in SECTIONS (default head,conv)      call 3: 60
+#   SANITIZE_S   each of tools/sanitize.sh's 6 sanitizer runs        call 3: 80
+#   CONV_TC      shape filter for tools/bench_conv_tc.py (empty: skip), CONV_TC_S its limit (170)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TAESD_FAST_CACHE_DIR=/tmp/taesd_fast_cache TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 set -o pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ date -u; git log -1 --format='commit %H' 2>/dev/null; git status --short | head -20
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+CALL=${1:-1}
+if [ -n "$FIRST_USE$SANITIZE" ]; then
+  echo "FIRST_USE=1 / SANITIZE=1 are replaced by calls: 'bash tools/gpu_all.sh 2' runs first use, '... 3' the sanitizers" >&2
+  exit 2
+fi
+case $CALL in
+  1) defaults=(300 240 0 0 0 0) ;;
+  2) defaults=(0 0 150 0 390 0) ;;
+  3) defaults=(0 0 0 60 0 80) ;;
+  all) defaults=(600 300 300 150 600 300) ;;
+  *) echo "usage: bash tools/gpu_all.sh [1|2|3|all] (got '$CALL'); see the header for what each call runs" >&2; exit 2 ;;
+esac
+TEST_S=${TEST_S:-${defaults[0]}} TAESD_S=${TAESD_S:-${defaults[1]}} FIRST_USE_S=${FIRST_USE_S:-${defaults[2]}}
+HEAD_S=${HEAD_S:-${defaults[3]}} TAEHV_S=${TAEHV_S:-${defaults[4]}} SANITIZE_S=${SANITIZE_S:-${defaults[5]}}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export OUT
+# A stage that runs out of time gets SIGTERM, then SIGKILL 10 s later (timeout signals the stage's whole group).
+limit() { timeout -k 10 "$@"; }
+{ date -u; echo "call $CALL"; git log -1 --format='commit %H' 2>/dev/null; git status --short | head -20
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } | tee $OUT/env.txt
-if [ "${TEST_S:-240}" != 0 ]; then
-  timeout ${TEST_S:-240} python3 -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee $OUT/pytest_gpu.log | tail -25
-  echo "pytest rc=$?"
+if [ "$TEST_S" != 0 ]; then  # the newest GPU tests first, so a time limit cannot cut them
+  FIRST="tests/gpu/test_taehv_gpu.py tests/gpu/test_tuning_gpu.py"
+  limit $TEST_S bash -c "set -o pipefail
+    python3 -m pytest $FIRST -q -rs -p no:cacheprovider 2>&1 | tee $OUT/pytest_gpu_first.log | tail -12
+    echo \"pytest ($FIRST) rc=\$?\"
+    python3 -m pytest tests/gpu ${FIRST//tests/--ignore=tests} -q -rs -p no:cacheprovider 2>&1 \
+      | tee $OUT/pytest_gpu.log | tail -25
+    echo \"pytest (the rest of tests/gpu) rc=\$?\""
+  echo "GPU tests stage rc=$? (124: out of time)"
 fi
 if [ -n "$CONV_TC" ]; then
-  timeout ${CONV_TC_S:-170} python3 tools/bench_conv_tc.py --out $OUT/bench_conv_tc.txt --budget-s $(( ${CONV_TC_S:-170} - 25 )) \
+  limit ${CONV_TC_S:-170} python3 tools/bench_conv_tc.py --out $OUT/bench_conv_tc.txt --budget-s $(( ${CONV_TC_S:-170} - 25 )) \
     --shapes "$CONV_TC" 2>&1 | tee $OUT/bench_conv_tc.log | grep -A40 "best config per shape"
 fi
-if [ -n "${SECTIONS-head,conv}" ]; then
-  timeout ${HEAD_S:-150} python3 -m taesd_fast.bench --sections ${SECTIONS-head,conv} --out $OUT/bench_head_conv.txt 2>&1 | tail -60
-fi
-if [ "${TAESD_S:-300}" != 0 ]; then
-  timeout ${TAESD_S:-300} python3 -m taesd_fast.bench --sections taesd $TAESD_ARGS --out $OUT/bench_taesd.txt 2>&1 \
+if [ "$TAESD_S" != 0 ]; then
+  limit $TAESD_S python3 -m taesd_fast.bench --sections taesd $TAESD_ARGS --out $OUT/bench_taesd.txt 2>&1 \
     | tee $OUT/bench_taesd.log | tail -40
+  echo "taesd section rc=${PIPESTATUS[0]} (124: out of time)"
 fi
-if [ -n "$FIRST_USE" ]; then  # fresh caches of its own, so the stages above do not warm them
+if [ "$FIRST_USE_S" != 0 ]; then  # its own new cache folders (--keep must not exist), so no stage above warms them
   FRESH=$(mktemp -d)
-  for tag in cold warm; do
-    TAESD_FAST_CACHE_DIR=$FRESH/taesd_fast TRITON_CACHE_DIR=$FRESH/triton TORCHINDUCTOR_CACHE_DIR=$FRESH/inductor \
-      timeout 300 python3 tools/bench_first_use.py $tag 2>&1 | tee -a $OUT/first_use.log
-  done
+  limit $FIRST_USE_S python3 tools/bench_first_use.py --keep "$FRESH/caches" $FIRST_USE_ARGS 2>&1 \
+    | tee $OUT/first_use.log | tail -30
+  echo "first use rc=${PIPESTATUS[0]} (124: out of time; table also in $OUT/first_use.txt, raw figures in $OUT/first_use.json)"
 fi
-if [ -n "$SANITIZE" ]; then
-  OUT=$OUT bash tools/sanitize.sh
+if [ "$HEAD_S" != 0 ] && [ -n "${SECTIONS-head,conv}" ]; then
+  limit $HEAD_S python3 -m taesd_fast.bench --sections ${SECTIONS-head,conv} --out $OUT/bench_head_conv.txt 2>&1 \
+    | tee $OUT/bench_head_conv.log | tail -60
+  echo "head, conv sections rc=${PIPESTATUS[0]} (124: out of time)"
+fi
+if [ "$TAEHV_S" != 0 ]; then  # rows are printed as measured (lines "  taew..."), then the table; compile logs only in the log
+  limit $TAEHV_S python3 -m taesd_fast.bench --sections taehv $TAEHV_ARGS --out $OUT/bench_taehv.txt 2>&1 \
+    | tee $OUT/bench_taehv.log | grep -E "^(GPU |== |  taew|workload|taew)|Error|Traceback|error:" | tail -90
+  echo "taehv section rc=${PIPESTATUS[0]} (124: out of time; the rows it finished are above and in $OUT/bench_taehv.log)"
+fi
+if [ "$SANITIZE_S" != 0 ]; then
+  SANITIZE_S=$SANITIZE_S bash tools/sanitize.sh
 fi
