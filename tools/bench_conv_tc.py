@@ -102,7 +102,7 @@ def sweeps(row_name: str, args: tuple) -> list:
              lambda c=c: launch(x, w, b, r, stride, relu, up, clamp, config=c)) for i, c in enumerate(configs)]
 
 
-def measured(label: str, fn, ref: torch.Tensor, torch_err: float, base: float, note: str = "") -> dict:
+def measured(label: str, fn, ref: torch.Tensor, torch_err: float, base: float) -> dict:
     """One kernel: a poisoned run checked against the float64 reference, then its graph-replay time."""
     with poisoned():
         y = fn()
@@ -110,7 +110,7 @@ def measured(label: str, fn, ref: torch.Tensor, torch_err: float, base: float, n
     err, status = verdict(y, ref, torch_err)
     del y
     ms = gpu_ms(fn)
-    return {"impl": label, "ms": ms, "vs cudnn": base / ms, "err": err, "ok": status, "note": note}
+    return {"impl": label, "ms": ms, "vs cudnn": base / ms, "err": err, "ok": status}
 
 
 def bench_shape(spec, budget_end: float, quick: bool) -> list[dict]:

@@ -92,10 +92,10 @@ def describe(spec: Spec) -> str:
     return s + f" cache={spec.residual} patch={spec.patch}"
 
 
-def make_args(spec: Spec, seed: int) -> tuple:
-    """Fresh random arguments of the row's run for this spec (on CUDA)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g)
+def make_args(spec: Spec, seed: int, device: str = "cuda") -> tuple:
+    """Fresh random arguments of the row's run for this spec."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device=device, generator=g)
     if spec.kind == "conv2d":
         B, c_in, H, W = spec.x_shape
         c_out = spec.w_shape[0]
