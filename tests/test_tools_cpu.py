@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_kernel_rows_cpu import h200  # noqa: F401  (the pretend-H200 fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +174,7 @@ def test_tool_imports_on_cpu_without_doing_work(path):
 
 @pytest.mark.parametrize("path", SH_TOOLS, ids=[p.name for p in SH_TOOLS])
 def test_shell_tool_parses(path):
-    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 
 
