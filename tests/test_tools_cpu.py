@@ -229,3 +229,24 @@ def test_poisoned_sets_every_flag_and_restores_it():
     assert [getattr(m, name) for m, name in checks.POISON_FLAGS] == before
     for module, name in checks.POISON_FLAGS:  # each flag is one the kernels read
         assert name in inspect.getsource(module).split(f"{name} = ", 1)[1], f"{module.__name__}.{name} is never read"
+
+
+def test_sanitizer_arguments_match_the_spec_the_rule_was_asked():
+    """The random arguments of each case are the call its Spec describes (shapes, layout, optional operands), as
+    the dispatcher would key it: the rule was asked about the call that runs."""
+    from taesd_fast.dispatch.spec import call_key, spec_of
+
+    sanitize = load_tool(TOOLS / "triton_sanitize.py")
+    for (kind, name), cases in sanitize.CASES.items():
+        for case in cases:
+            spec = sanitize.case_spec(kind, name, case, device="cpu")
+            args = sanitize.make_args(spec, 0, "cpu")
+            if kind == "conv2d":
+                x, w, b, stride, residual, relu, upsample, pre_clamp = args
+                key = call_key(kind, x, w, b, stride, residual, relu, upsample, pre_clamp)
+            elif kind == "head":
+                key = call_key(kind, *args, 1, None, False)
+            else:
+                x, cache, _gamma, w, b, _eps, patch = args
+                key = call_key(kind, x, w, b, 1, cache, False, patch=patch)
+            assert spec_of(key) == spec, f"{name} {sanitize.describe(spec)}"
