@@ -1,20 +1,25 @@
-#!/usr/bin/env python3
-"""Triton tensor-core 3x3 conv (taesd_fast::conv3x3_tc) vs cuDNN channels_last on TAESD's conv shapes.
+"""Every conv2d kernel row (taesd_fast/kernels/rows.py) against cuDNN on TAESD's 3x3 conv shapes, as CUDA-graph
+replays.
 
-    python3 tools/bench_conv_tc.py --out /path/to/bench_conv_tc.txt [--budget-s 150] [--quick]
+    python3 tools/bench_conv_tc.py --out /path/to/bench_conv_tc.txt [--shapes FILTER] [--budget-s 150] [--quick]
 
-For each shape: correctness of every config (NaN-poisoned output; rel error vs an fp32 conv of the same f16 inputs,
-TF32 off, must be <= 2x cuDNN's own f16 error), then GPU time of a small config sweep (BLOCK_M, num_warps,
-num_stages, block_k) against
-  * "cudnn model ops": what the model runs today, op by op, channels_last: [tanh(x/3)*3] [interpolate] conv(+bias)
-    [+ residual] [relu], each a separate PyTorch op (as dispatch._torch_conv2d does);
-  * "cudnn conv only": F.conv2d(x, w, b) alone (what a perfect epilogue fusion on cuDNN's conv could reach).
-Times are medians of CUDA-event-timed CUDA-graph replays (GPU time without launch gaps; taesd_fast.timing); the
-"eager ms" column is the plain Python call of the default config, launch overhead included.
-TFLOP/s count the equivalent unfolded 3x3 conv on the output grid (the upsample fold does 4/9 of those MACs).
-"floor ms" is the fused kernel's DRAM traffic (x, residual, y) at 4.24 TB/s.
-One failing config is reported and skipped; configs beyond --budget-s seconds are skipped (default one first).
-Writes only to --out (and stdout).
+For each shape, side by side:
+  * "cudnn model ops cl" / "cudnn model ops nchw": what the model runs without kernels, op by op (the dispatcher's
+    PyTorch row: [tanh(x/3)*3] [interpolate] conv(+bias) [+ residual] [relu]), channels_last and NCHW;
+  * "cudnn conv cl" / "cudnn conv nchw": F.conv2d alone ([interpolate +] conv + bias): what a perfect epilogue fusion
+    on cuDNN's conv could reach;
+  * every conv2d kernel row through its own `run`, on inputs in the layout it reads natively; a row whose support
+    rule refuses the shape is listed with its reason;
+  * unless --quick, a sweep of the launch configs the two Triton rows still take (conv_tc.TCConfig through
+    conv3x3_tc_launch, conv_tc_tma.TMAConfig through conv3x3_tma_launch), the row's default first; configs past
+    --budget-s seconds are listed as skipped. The Gluon and CUDA C++ rows have no configs (their launch shapes
+    follow from the problem).
+Before it is timed, each kernel runs once with NaN-poisoned outputs and its relative error against the float64 maths
+(conv_contract.conv3x3_math) must be <= 2x that of the cuDNN model ops in f16 ("ok", else "NaN" / "ERR>2x").
+Times: medians of CUDA-event-timed graph replays (taesd_fast.timing: GPU time without launch gaps); "eager ms" is
+the row's plain Python call, launch overhead included. TFLOP/s count the equivalent unfolded 3x3 conv on the output
+grid (the upsample fold does 4/9 of those MACs). "floor ms": the fused conv's DRAM traffic (x, residual, y) at
+4.24 TB/s (H200). The report is rewritten after each shape (a timeout keeps what was done); it writes only --out.
 """
 
 from __future__ import annotations
@@ -30,10 +35,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from taesd_fast.kernels import conv_tc as tc  # noqa: E402
-from taesd_fast.timing import graphed, time_ms  # noqa: E402
+from kernel_checks import poisoned, rel_err, verdict
+
+from taesd_fast.dispatch import Spec, torch_ops
+from taesd_fast.kernels import conv_contract, conv_tc, conv_tc_tma
+from taesd_fast.kernels import rows as kernel_rows
+from taesd_fast.timing import graphed, time_ms
 
 HBM_TBS = 4.24
+CL = torch.channels_last
 
 # name, B, C_in, C_out, H, W (input), stride, upsample, bias, residual, relu, pre_clamp
 SHAPES = [
@@ -48,7 +58,7 @@ SHAPES = [
     ("clamp+4->64 32^2 B64 b+relu", 64, 4, 64, 32, 32, 1, 1, True, False, True, True),
     ("clamp+16->64 32^2 B64 b+relu", 64, 16, 64, 32, 32, 1, 1, True, False, True, True),
     ("3->64 s1 256^2 B64 b+relu (encoder stem)", 64, 3, 64, 256, 256, 1, 1, True, False, True, False),
-    # B=1 (live previews): grids of a few dozen tiles at most; small tiles spread them over the SMs
+    # B=1 (live previews): grids of a few dozen tiles at most
     ("B1 64->64 s1 32^2 b+r+relu", 1, 64, 64, 32, 32, 1, 1, True, True, True, False),
     ("B1 64->64 s1 64^2 b+relu", 1, 64, 64, 64, 64, 1, 1, True, False, True, False),
     ("B1 64->64 s1 128^2 b+relu", 1, 64, 64, 128, 128, 1, 1, True, False, True, False),
@@ -58,125 +68,146 @@ SHAPES = [
     ("B1 64->3 s1 256^2 b", 1, 64, 3, 256, 256, 1, 1, True, False, False, False),
 ]
 
-TMA = lambda m, tw, w, st, p=0: tc.TCConfig(m, w, st, tile_w=tw, persistent=p)  # noqa: E731
-HALO = lambda hw: tc.TCConfig(128, 4, 3, tile_w=16, halo_w=hw)  # noqa: E731  (falls back to TMA where it can't)
-TAP_SWEEP = [HALO(128), HALO(64), TMA(128, 16, 4, 3, 1), TMA(128, 16, 4, 3, 2), TMA(128, 16, 4, 3, 3), TMA(128, 16, 4, 4, 2),
-             TMA(128, 32, 4, 3, 2), TMA(256, 16, 8, 3, 1), TMA(128, 16, 8, 3, 2),
-             TMA(128, 16, 4, 3), TMA(128, 32, 4, 3), TMA(256, 16, 8, 3), TMA(128, 16, 4, 2), tc.TCConfig(128, 4, 3)]
-SMALL_SWEEP = [HALO(128), HALO(64), TMA(64, 8, 4, 3), TMA(64, 16, 4, 3), TMA(32, 8, 4, 3), TMA(128, 16, 4, 3), tc.TCConfig(32, 4, 3),
-               tc.TCConfig(64, 4, 3), tc.TCConfig(128, 4, 3)]
-FLAT_SWEEP = [tc.TCConfig(64, 4, 2), tc.TCConfig(128, 4, 2), tc.TCConfig(128, 8, 2), tc.TCConfig(256, 8, 2)]
-
-
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """||a - ref|| / ||ref|| in float64, in chunks (the big shapes have 268M elements)."""
-    num = den = 0.0
-    a, ref = a.reshape(-1), ref.reshape(-1)
-    for i in range(0, a.numel(), 1 << 26):
-        d, r = a[i: i + (1 << 26)].double(), ref[i: i + (1 << 26)].double()
-        num += (d - r).pow(2).sum().item()
-        den += r.pow(2).sum().item()
-    return (num / den) ** 0.5
-
-
-def model_ops(*args):
-    """Today's path, op by op (channels_last in, channels_last out)."""
-    return tc.conv3x3_math(*args)
-
-
-def fp32_reference(*args):
-    return tc.conv3x3_math(*args, dtype=torch.float32)
+# The configs the Triton rows take (row default first, then these where they differ and the kernel accepts them).
+TC_SWEEP = [conv_tc.TCConfig(64, 4, 3), conv_tc.TCConfig(128, 4, 3), conv_tc.TCConfig(128, 8, 3),
+            conv_tc.TCConfig(256, 8, 3), conv_tc.TCConfig(128, 4, 2), conv_tc.TCConfig(128, 4, 3, cache_a=True),
+            conv_tc.TCConfig(64, 4, 2), conv_tc.TCConfig(32, 4, 3)]
+TMA_SWEEP = [conv_tc_tma.TMAConfig(128, 4, 3, 16), conv_tc_tma.TMAConfig(128, 4, 3, 32),
+             conv_tc_tma.TMAConfig(128, 4, 4, 16), conv_tc_tma.TMAConfig(256, 8, 3, 16),
+             conv_tc_tma.TMAConfig(128, 8, 3, 16), conv_tc_tma.TMAConfig(64, 4, 3, 8),
+             conv_tc_tma.TMAConfig(128, 4, 3, 16, persistent=1), conv_tc_tma.TMAConfig(128, 4, 3, 16, persistent=2)]
 
 
 def gpu_ms(fn) -> float:
-    """Median ms of CUDA-graph replays of fn (falls back to eager timing if capture fails)."""
-    try:
-        return time_ms(graphed(fn))
-    except Exception:  # noqa: BLE001 - a capture problem must not hide the number
-        torch.cuda.synchronize()
-        return time_ms(fn)
+    """Median ms of CUDA-graph replays of fn (a plain capture: these calls do not go through the dispatcher)."""
+    return time_ms(graphed(fn))
+
+
+def sweeps(row_name: str, args: tuple) -> list:
+    """(label, launch) for each extra config of a Triton row, the row's default config first."""
+    x, w, b, stride, r, relu, up, clamp = args
+    if row_name == "triton_conv":
+        B, c_in, H, W = x.shape
+        _, _, Ho, Wo = conv_contract.output_shape(x.shape, w.shape, stride, up)
+        default = conv_tc.default_config(c_in, w.shape[0], stride, up, B * (H * W if up == 2 else Ho * Wo))
+        launch = conv_tc.conv3x3_tc_launch
+        configs = [default] + [c for c in TC_SWEEP if c != default]
+    elif row_name == "triton_conv_tma":
+        default = conv_tc_tma.default_config(w.shape[0])
+        launch = conv_tc_tma.conv3x3_tma_launch
+        configs = [default] + [c for c in TMA_SWEEP if c != default]
+    else:
+        return []
+    return [(f"{row_name} {c}" + (" (default)" if i == 0 else ""),
+             lambda c=c: launch(x, w, b, r, stride, relu, up, clamp, config=c)) for i, c in enumerate(configs)]
+
+
+def measured(label: str, fn, ref: torch.Tensor, torch_err: float, base: float) -> dict:
+    """One kernel: a poisoned run checked against the float64 reference, then its graph-replay time."""
+    with poisoned():
+        y = fn()
+    torch.cuda.synchronize()
+    err, status = verdict(y, ref, torch_err)
+    del y
+    ms = gpu_ms(fn)
+    return {"impl": label, "ms": ms, "vs cudnn": base / ms, "err": err, "ok": status}
 
 
 def bench_shape(spec, budget_end: float, quick: bool) -> list[dict]:
     name, B, cin, cout, H, W, stride, up, bias, res, relu, pre_clamp = spec
     g = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
-    cl = torch.channels_last
-    x = torch.randn(B, cin, H, W, device="cuda", generator=g).half().contiguous(memory_format=cl)
-    w = (torch.randn(cout, cin, 3, 3, device="cuda", generator=g) / (3 * cin**0.5)).half().contiguous(memory_format=cl)
+    x = torch.randn(B, cin, H, W, device="cuda", generator=g).half().contiguous(memory_format=CL)
+    w = (torch.randn(cout, cin, 3, 3, device="cuda", generator=g) / (3 * cin**0.5)).half()
     b = (torch.randn(cout, device="cuda", generator=g) * 0.5).half() if bias else None
-    oshape = tc.output_shape(x.shape, w.shape, stride, up)
-    r = torch.randn(oshape, device="cuda", generator=g).half().contiguous(memory_format=cl) if res else None
-    args = (x, w, b, r, stride, relu, up, pre_clamp)
-    flop = tc.flops(x.shape, w.shape, stride, up)
+    oshape = conv_contract.output_shape(x.shape, w.shape, stride, up)
+    r = torch.randn(oshape, device="cuda", generator=g).half().contiguous(memory_format=CL) if res else None
+    nchw = lambda t: None if t is None else t.contiguous()
+    cl_args = (x, w, b, stride, r, relu, up, pre_clamp)  # the dispatcher's conv2d signature
+    nchw_args = (nchw(x), w, b, stride, nchw(r), relu, up, pre_clamp)
+    flop = conv_tc.flops(x.shape, w.shape, stride, up)
     n_out = torch.Size(oshape).numel()
-    nbytes = 2 * (x.numel() + n_out + (n_out if res else 0))  # f16 x, y and residual
-    floor = nbytes / (HBM_TBS * 1e12) * 1e3
-    row = lambda impl, cfg, ms, **kw: {"shape": name, "impl": impl, "cfg": cfg, "ms": ms,  # noqa: E731
-                                       "TFLOP/s": flop / ms / 1e9 if ms else "", "floor ms": floor, **kw}
+    floor = 2 * (x.numel() + n_out * (2 if res else 1)) / (HBM_TBS * 1e12) * 1e3  # f16 x, y and residual
 
-    torch.backends.cudnn.allow_tf32 = False
-    ref = fp32_reference(*args)
-    torch.backends.cudnn.allow_tf32 = True
-    y_torch = model_ops(*args)
-    torch_err = rel(y_torch, ref)
-    del y_torch
+    ref = conv_contract.conv3x3_math(x, w, b, r, stride, relu, up, pre_clamp, dtype=torch.float64)
     rows = []
-    base = gpu_ms(lambda: model_ops(*args))
-    rows.append(row("cudnn model ops", "-", base, **{"vs cudnn": 1.0, "err": torch_err}))
-    conv_only = gpu_ms(lambda: F.conv2d(x, w, b, stride=stride, padding=1) if up == 1 else
-                       F.conv2d(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, b, padding=1))
-    rows.append(row("cudnn conv only" if up == 1 else "cudnn interp+conv", "-", conv_only,
-                    **{"vs cudnn": base / conv_only}))
+    errs, times = {}, {}
+    for layout, args in (("cl", cl_args), ("nchw", nchw_args)):
+        errs[layout] = rel_err(torch_ops.conv2d(*args), ref)
+        times[layout] = gpu_ms(lambda args=args: torch_ops.conv2d(*args))
+    torch_err, base = errs["cl"], times["cl"]  # the bound and the yardstick: the model's channels_last path
+    rows += [{"impl": f"cudnn model ops {layout}", "ms": times[layout], "vs cudnn": base / times[layout],
+              "err": errs[layout]} for layout in ("cl", "nchw")]
+    for layout, xx in (("cl", x), ("nchw", nchw(x))):
+        conv = (lambda xx=xx: F.conv2d(xx, w, b, stride=stride, padding=1)) if up == 1 else (
+            lambda xx=xx: F.conv2d(F.interpolate(xx, scale_factor=2.0, mode="nearest"), w, b, padding=1))
+        ms = gpu_ms(conv)
+        rows.append({"impl": f"cudnn conv {layout}" if up == 1 else f"cudnn interp+conv {layout}", "ms": ms,
+                     "vs cudnn": base / ms})
 
-    M = B * (H * W if up == 2 else oshape[2] * oshape[3])
-    default = tc.default_config(cin, cout, stride, up, M)
-    small = M * (-(-cout // 128)) < 132 * 128  # less than one wave of 128-row tiles on an H200
-    sweep = [default] + [c for c in (FLAT_SWEEP if cin < 16 else SMALL_SWEEP if small else TAP_SWEEP)
-                         if c != default and not (c.tile_w and (stride != 1 or pre_clamp))]  # TMA: stride 1, no clamp
-    if quick:
-        sweep = sweep[:2]
-    y = torch.empty(oshape, dtype=torch.float16, device="cuda", memory_format=cl)
-    for i, cfg in enumerate(sweep):
-        if i > 0 and time.time() > budget_end:
-            rows.append(row("triton", str(cfg), None, note="skipped (time budget)"))
+    for row in kernel_rows.KERNEL_ROWS:
+        if row.kind != "conv2d":
             continue
-        try:
-            tc.POISON_OUTPUT = True
-            tc.conv3x3_tc_launch(*args, config=cfg, out=y)
-            torch.cuda.synchronize()
-            tc.POISON_OUTPUT = False
-            nan = bool(y.isnan().any())
-            err = rel(y, ref)
-            ok = not nan and err <= 2 * torch_err + 1e-7
-            ms = gpu_ms(lambda cfg=cfg: tc.conv3x3_tc_launch(*args, config=cfg, out=y))
-            extra = {"vs cudnn": base / ms, "err": err, "ok": "ok" if ok else ("NaN" if nan else "ERR>2x")}
-            if i == 0:
-                extra["eager ms"] = time_ms(lambda: tc.conv3x3_tc_launch(*args, config=cfg, out=y))
-            rows.append(row("triton" + (" (default)" if i == 0 else ""), str(cfg), ms, **extra))
-        except Exception as e:  # noqa: BLE001 - one bad config (e.g. out of shared memory) must not stop the sweep
-            tc.POISON_OUTPUT = False
-            torch.cuda.synchronize()
-            rows.append(row("triton", str(cfg), None, note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"))
-    return rows  # the tensors die with this frame; main() empties the cache between shapes
+        native = "channels_last" if "channels_last" in row.layouts else "nchw"
+        rspec = kernel_spec(x, w, b, stride, r, relu, up, pre_clamp, native)
+        why = row.supports(rspec)
+        if why is not None:
+            rows.append({"impl": row.name, "note": f"refused: {why}"})
+            continue
+        args = cl_args if native == "channels_last" else nchw_args
+        runs = [(row.name, lambda row=row, args=args: row.run(*args))]
+        if not quick:
+            runs += sweeps(row.name, cl_args)[1:]  # the default config is the row's run itself
+        for i, (label, fn) in enumerate(runs):
+            if i > 0 and time.time() > budget_end:
+                rows.append({"impl": label, "note": "skipped (time budget)"})
+                continue
+            try:
+                entry = measured(label, fn, ref, torch_err, base)
+                if i == 0:
+                    entry["eager ms"] = time_ms(fn)
+                rows.append(entry)
+            except Exception as e:  # noqa: BLE001 - one failing kernel or config must not stop the table
+                torch.cuda.synchronize()
+                rows.append({"impl": label, "note": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"})
+    for entry in rows:
+        ms = entry.get("ms")
+        entry.update({"TFLOP/s": flop / ms / 1e9 if ms else None, "floor ms": floor})
+    return [{"shape": name, **entry} for entry in rows]  # the tensors die with this frame
+
+
+def kernel_spec(x, w, b, stride, r, relu, up, pre_clamp, layout: str) -> Spec:
+    """The dispatcher's Spec of this call, as a row's support rule is asked."""
+    return Spec("conv2d", str(x.device), tuple(x.shape), tuple(w.shape), x.dtype, stride, b is not None,
+                r is not None, relu, layout, up, pre_clamp)
 
 
 def fmt(rows: list[dict]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    cell = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+    cell = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
     table = [keys] + [[cell(r.get(k)) for k in keys] for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(len(keys))]
     return "\n".join("  ".join(c.ljust(wd) for c, wd in zip(t, widths)).rstrip() for t in table)
 
 
+def best_line(name: str, shape_rows: list[dict]) -> str | None:
+    good = [r for r in shape_rows if r.get("ok") == "ok"]
+    if not good:
+        return None
+    top = min(good, key=lambda r: r["ms"])
+    base = next(r for r in shape_rows if r["impl"] == "cudnn model ops cl")
+    return (f"{name:42s} best {top['impl']:40s} {top['ms']:.4g} ms  {top['vs cudnn']:.2f}x vs cudnn model ops cl"
+            f" ({base['ms']:.4g} ms), floor {top['floor ms']:.3g} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="file to write the report to")
-    ap.add_argument("--budget-s", type=float, default=150.0, help="stop sweeping extra configs after this many seconds")
-    ap.add_argument("--quick", action="store_true", help="default config + one other per shape")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="stop sweeping configs after this many seconds")
+    ap.add_argument("--quick", action="store_true", help="every row at its default, no config sweeps")
     ap.add_argument("--shapes", default="", help="comma-separated substrings of shape names to run (default all)")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or not tc.triton_available("cuda"):
-        sys.exit(f"needs CUDA and Triton: {tc.triton_unavailable_reason('cuda')}")
+    if not torch.cuda.is_available() or not conv_tc.triton_available("cuda"):
+        sys.exit(f"needs CUDA and Triton: {conv_tc.triton_unavailable_reason('cuda')}")
     import triton
 
     torch.backends.cudnn.benchmark = True
@@ -185,7 +216,9 @@ def main() -> None:
             f"cuDNN {torch.backends.cudnn.version()}")
     print(head, flush=True)
     wanted = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    rows, best = [], []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows, best, summary = [], [], "no shape matched --shapes"
     for spec in SHAPES:
         if wanted and not any(wd in spec[0] for wd in wanted):
             continue
@@ -193,21 +226,15 @@ def main() -> None:
             shape_rows = bench_shape(spec, t0 + args.budget_s, args.quick)
         except Exception as e:  # noqa: BLE001 - e.g. OOM on a smaller GPU: report and go on
             shape_rows = [{"shape": spec[0], "impl": "-", "note": f"failed: {type(e).__name__}: {str(e)[:100]}"}]
-            torch.cuda.empty_cache()
         torch.cuda.empty_cache()
         rows += shape_rows
         print(fmt(shape_rows), flush=True)
-        good = [r for r in shape_rows if r["impl"].startswith("triton") and r.get("ok") == "ok"]
-        if good:
-            top = min(good, key=lambda r: r["ms"])
-            best.append(f"{spec[0]:42s} best {top['cfg']:12s} {top['ms']:.4g} ms  {top['vs cudnn']:.2f}x vs cudnn model ops"
-                        f"  (cudnn model ops {shape_rows[0]['ms']:.4g} ms, conv only {shape_rows[1]['ms']:.4g} ms,"
-                        f" floor {top['floor ms']:.3g} ms)")
-    text = "\n".join([head, "", fmt(rows), "", "best config per shape:", *best,
-                      f"\ntotal {time.time() - t0:.0f} s"])
-    print("\nbest config per shape:\n" + "\n".join(best) + f"\ntotal {time.time() - t0:.0f} s", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n")
+        line = best_line(spec[0], shape_rows)
+        if line:
+            best.append(line)
+        summary = "\n".join(["best config per shape:", *best, f"total {time.time() - t0:.0f} s"])
+        out.write_text("\n".join([head, "", fmt(rows), "", summary]) + "\n")
+    print("\n" + summary, flush=True)
 
 
 if __name__ == "__main__":

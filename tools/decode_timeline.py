@@ -3,6 +3,10 @@
 each kernel, in the order they ran. Shows where a B=1 decode's time goes: kernels, or the gaps between them.
 
     python3 tools/decode_timeline.py [--size 256] [--batch 1] [--variant taesd]
+
+The model has random weights (the timeline does not depend on them). The decoder is captured with
+taesd_fast.graphs.graphed inside dispatch.tuning("blocking"): the capture's warm-up calls tune every layer for graph
+replays first (as a tuned `taesd.decode` replays them), so the timeline shows the kernels the dispatcher chose.
 """
 
 from __future__ import annotations
@@ -18,21 +22,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from taesd_fast import TAESD, dispatch
-from taesd_fast.timing import graphed, time_ms
+from taesd_fast.graphs import graphed
+from taesd_fast.timing import time_ms
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--variant", default="taesd")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
     model = TAESD(args.variant).cuda().half().eval()
     model.cuda_graphs = False
     f = model.downscale
     z = TAESD.preferred_layout(torch.randn(args.batch, model.latent_channels, args.size // f, args.size // f,
                                            device="cuda", dtype=torch.float16))  # as decode() hands it on
-    with torch.no_grad(), dispatch.backend("auto"):
+    with torch.no_grad(), dispatch.backend("auto"), dispatch.tuning("blocking"):
         replay = graphed(lambda: model.decoder(z))
         print(f"decode {args.size}² B={args.batch} graph replay: {time_ms(replay) * 1e3:.1f} us", flush=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

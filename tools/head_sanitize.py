@@ -1,32 +1,79 @@
-"""Launch each head kernel on small odd shapes, for compute-sanitizer (memcheck / racecheck).
+"""The split head's kernels (kernels/head.py: conv_n128's GEMM / cuDNN forms, then our NVRTC stencil head_stencil,
+csrc/head_bf16.cu) on small odd shapes, for compute-sanitizer memcheck / racecheck (tools/sanitize.sh).
 
-HEAD_SANITIZE_LIGHT=1 skips the fp32 cuDNN references (racecheck once crashed inside cuDNN's fp32 conv).
+    python3 tools/head_sanitize.py
+
+For NCDHW and channels_last_3d windows and C_out 12 and 3 (3: the scalar, non-vector load path):
+  * split_head_conv, whole frame and in bands of 4 rows (clipped halos at both borders), against the float64 conv3d
+    + clamp, next to PyTorch's own bf16 error (the bound is 2x that);
+  * the raw stencil launch into a NaN-poisoned output, from a bf16 and an fp32 g and writing the video (patch 2):
+    bit-equal to its PyTorch twin head_stencil_ref (same tap order).
+References run on the CPU (no cuDNN fp32 conv under the sanitizer). Exits 1 if any check failed; ends with
+"sanitize script done".
 """
-import os
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from kernel_checks import Tally, has_nan, rel_err
+
 from taesd_fast.kernels import head as hk
 
-light = os.environ.get("HEAD_SANITIZE_LIGHT") == "1"
-torch.manual_seed(0)
-x = F.silu(torch.randn(2, 256, 6, 13, 21, device="cuda")).bfloat16()
-for layout in ("ncdhw", "cl3d"):  # GEMM form + pixel-major g / cuDNN form + dense g
-    xl = x.contiguous(memory_format=torch.channels_last_3d) if layout == "cl3d" else x
-    for c_out in (12, 3):  # 3: the scalar (non-vector) load path
-        w = (torch.randn(c_out, 256, 3, 3, 3, device="cuda") * 0.02).bfloat16()
-        b = (torch.randn(c_out, device="cuda") * 0.1).bfloat16()
-        out = hk.split_head_conv(xl, w, b)  # full frame
-        band = hk.split_head_conv(xl, w, b, band_rows=4)  # banded: clipped halos at both borders
-        torch.cuda.synchronize()
-        msg = f"{layout} C_out={c_out} band max diff {(band.float() - out.float()).abs().max().item()}"
-        if not light:
-            g32 = hk.conv_n128_ref(x.float(), hk.pack_weight(w))
-            o32 = hk.head_stencil(g32, b.float(), 4, 0, 13, 13, 0)  # f32 g
-            ref = F.conv3d(x.float(), w.float(), b.float(), padding=(0, 1, 1)).clamp(-1, 1)
+
+def check_stencil(tally: Tally, what: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:
+    """The stencil kernel alone, into poisoned outputs, against its twin on the same g."""
+    _, _, frames, h, _ = x.shape
+    t = frames - 2
+    g64 = hk.conv_n128_ref(x.cpu().float(), hk.pack_weight(w.cpu().float()))  # pixel-major g, as the GEMM gives
+    for g_dtype in (torch.bfloat16, torch.float32):
+        for patch in (0, 2):
+            g_cpu = g64.to(g_dtype)
+            want = hk.head_stencil_ref(g_cpu, b.cpu(), t, 0, h, h, 0, patch)
+            out = torch.full_like(want, float("nan"), device="cuda")  # want's strides: the kernel's output layout
+            hk.launch_head_stencil(g_cpu.cuda(), b.float(), out, 0, h, 0, patch)
             torch.cuda.synchronize()
-            msg += (f" rel err {((out.float() - ref).norm() / ref.norm()).item():.3e}"
-                    f" f32-g err {((o32.float() - ref).norm() / ref.norm()).item():.3e}")
-        print(msg)
-print("sanitize script done")
+            label = f"{what} g {str(g_dtype)[6:]} patch {patch}"
+            ok = not has_nan(out) and torch.equal(out.cpu(), want)
+            diff = "NaN" if has_nan(out) else f"max diff {(out.cpu().float() - want.float()).abs().max().item():.2e}"
+            print(f"{'head_stencil':20s} {label:44s} {diff} vs twin  {'ok' if ok else 'MISMATCH'}", flush=True)
+            tally.record("head_stencil", label, ok)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = F.silu(torch.randn(2, 256, 6, 13, 21, device="cuda", generator=g)).bfloat16()
+    tally = Tally()
+    for layout in ("ncdhw", "cl3d"):  # GEMM form + pixel-major g / cuDNN form + dense g
+        xl = x.contiguous(memory_format=torch.channels_last_3d) if layout == "cl3d" else x
+        for c_out in (12, 3):
+            w = (torch.randn(c_out, 256, 3, 3, 3, device="cuda", generator=g) * (0.6 / (27 * 256) ** 0.5)).bfloat16()
+            b = (torch.randn(c_out, device="cuda", generator=g) * 0.1).bfloat16()
+            x_cpu, w_cpu, b_cpu = x.cpu(), w.cpu(), b.cpu()
+            ref = F.conv3d(x_cpu.double(), w_cpu.double(), b_cpu.double(), padding=(0, 1, 1)).clamp(-1, 1)
+            torch_err = rel_err(F.conv3d(x_cpu, w_cpu, b_cpu, padding=(0, 1, 1)).clamp(-1, 1), ref)
+            what = f"{layout} C_out={c_out}"
+            for band_rows in (None, 4):
+                try:
+                    out = hk.split_head_conv(xl, w, b, band_rows=band_rows)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - report every case, not just the first that breaks
+                    tally.fail("split_head_conv", what, f"{type(e).__name__}: {e}")
+                    continue
+                tally.check("split_head_conv", what + (f" bands of {band_rows}" if band_rows else ""), out, ref,
+                            torch_err)
+            if layout == "ncdhw":
+                check_stencil(tally, what, x, w, b)
+    return tally.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
