@@ -189,7 +189,7 @@ def test_taef2_real_weights_follow_diffusers_conventions(taef2, load_photo):
     assert taef2.taesd.variant == "taef2" and taef2.config.latent_channels == 32
     assert taef2.config.scaling_factor == 1.0 and taef2.config.shift_factor == 0.0
     assert taef2.dtype == torch.float32 and taef2.device == torch.device("cpu") and not taef2.training
-    photo = load_photo("musk.png", 128, 192)
+    photo = load_photo("musk", 128, 192)
     with torch.no_grad():
         latents = taef2.encode(photo * 2 - 1).latents
         assert close(latents, taef2.taesd.encode(photo))
@@ -200,7 +200,7 @@ def test_taef2_real_weights_follow_diffusers_conventions(taef2, load_photo):
 
 def test_tiling_equals_untiled_for_32_channels(taef2, load_photo):
     vae = copy.deepcopy(taef2)
-    photo = load_photo("sit.jpeg", 256, 384) * 2 - 1
+    photo = load_photo("sit", 256, 384) * 2 - 1
     with torch.no_grad():
         latents = vae.encode(photo).latents  # [1, 32, 32, 48]
         untiled = vae.decode(latents).sample

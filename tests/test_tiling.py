@@ -143,7 +143,7 @@ def test_encode_tiled_equals_untiled(variant, axis):
 
 def test_real_photo_taef2_tiled_equals_untiled(taef2_real, load_photo):
     """Real TAEF2 weights on a real photo, tiled along both axes: no seams, equal to the untiled result."""
-    image = load_photo("monalisa.png", 384, 384)
+    image = load_photo("monalisa", 384, 384)
     with torch.no_grad():
         latents = taef2_real.encode(image)  # [1, 32, 48, 48]
         tiled_latents = encode_tiled(taef2_real, image, tile=192)  # 24-cell tiles, 42-cell windows: 4 tiles
@@ -159,7 +159,7 @@ def test_real_photo_taef2_tiled_equals_untiled(taef2_real, load_photo):
 
 def test_tile_size_argument_of_encode_and_decode(taef2_real, load_photo):
     """TAESD.encode/decode(tile_size=pixels) reach the same exact tiling."""
-    image = load_photo("musk.png", 256, 320)
+    image = load_photo("musk", 256, 320)
     with torch.no_grad():
         latents = taef2_real.encode(image)
         tiled_latents = taef2_real.encode(image, tile_size=128)
