@@ -175,7 +175,7 @@ def test_bundled_default_weights_load_exactly(taef2, taef2_encoder_pth, taef2_de
 
 def _sha256_table(readme) -> dict[str, str]:
     """{relative path: sha256} from the sha256sum-style lines of a README."""
-    lines = re.findall(r"^([0-9a-f]{64})  (\S+)$", readme.read_text(), re.M)
+    lines = re.findall(r"^([0-9a-f]{64})  (\S+)$", readme.read_text(), re.MULTILINE)
     return {path: digest for digest, path in lines}
 
 
