@@ -328,7 +328,7 @@ def free_memory(monkeypatch):
 def test_auto_runs_untiled_when_the_image_fits(taef2_real, free_memory):
     z = torch.randn(1, 32, 40, 24)
     need = tiling.memory_needed(taef2_real, "decoder", z, None)
-    assert need == 4 * 64 * 320 * 192 * 4  # 4 live activations of 64 channels at 320x192 px, fp32
+    assert need == int(4.5 * 64 * 320 * 192 * 4)  # LIVE = 4.5 activations of 64 channels at 320x192 px, fp32
     free_memory(int(need / tiling.HEADROOM) + 1)
     with torch.no_grad(), count_windows(taef2_real, "decoder") as windows:
         out = taef2_real.decode(z, tile_size="auto")
@@ -394,10 +394,13 @@ def test_widest_activation():
     assert tile_memory.widest_activation(middle, 64, 1 / 8) == (64, 3, 1)
 
 
+# VmHWM, not ru_maxrss: a child of a large process (pytest) inherits the parent's maxrss across fork and exec.
 MEASURE_PEAK = """
-import os, resource, sys, torch
+import sys, torch
 from taesd_fast import TAESD
 from taesd_fast.tiling import memory_needed, overlap_pixels, run_tiled
+def status(key):  # bytes
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
 part, tile = sys.argv[1], None if sys.argv[2] == "none" else int(sys.argv[2])
 torch.manual_seed(0)
 model = TAESD.from_pretrained()
@@ -406,14 +409,13 @@ overlap = overlap_pixels(model, part)
 run = (lambda t: getattr(model, part)(t)) if tile is None else (lambda t: run_tiled(model, part, t, tile, overlap))
 with torch.no_grad():
     run(x[..., :32, :32].contiguous() if part == "encoder" else x[..., :4, :4].contiguous())  # warm-up
-    base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    base = status("VmRSS")
     run(x)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(peak - base, memory_needed(model, part, x, tile, overlap))
+print(status("VmHWM") - base, memory_needed(model, part, x, tile, overlap))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm and ru_maxrss in KiB (Linux)")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak resident memory from /proc/self/status")
 @pytest.mark.parametrize("part, tile", [("decoder", "none"), ("decoder", "256"), ("encoder", "256")])
 def test_memory_estimate_bounds_the_measured_peak(part, tile):
     """The estimate tile_size="auto" plans with, against the peak resident memory of a fresh process running the
