@@ -8,7 +8,8 @@ images in [-1, 1], latents unscaled, and `decode` is NOT clamped (DecoderTiny re
 pipelines clamp in their image processor). Differences from AutoencoderTiny, all deliberate:
 - `encode` raises when H or W is not a multiple of 8 (32 for taesana); AutoencoderTiny rounds up silently.
 - `enable_tiling()` uses `taesd_fast.tiling`: the tiled result equals the untiled one (no blending), for every
-  latent channel count (AutoencoderTiny's tiling hard-codes 4 latent and 3 image channels).
+  latent channel count (AutoencoderTiny's tiling hard-codes 4 latent and 3 image channels). Its tile_size counts
+  image pixels, like AutoencoderTiny's tile_sample_min_size, and may be "auto" (fit the free memory).
 - `config` is a mutable dict with attribute access, not a FrozenDict.
 - TAEF2 (midblock GroupNorm) and TAESANA (f32) load here; AutoencoderTiny cannot represent them.
 For the Wan 2.2 video VAE head, see `patch_wan_vae` (in taesd_fast.wan_diffusers, which needs diffusers).
@@ -28,8 +29,9 @@ from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder
 from .layers import Block
 from .taesd import TAESD
-from .tiling import decode_tiled, encode_tiled
+from .tiling import check_tile_arguments
 from .validation import as_float_dtype, check_tensor
+from .value_range import warn_if_unusual_range
 from .weights_io import WeightsError, from_diffusers, save_safetensors, to_diffusers
 
 # Config keys a checkpoint's config.json or the caller may set; the rest describe the architecture.
@@ -113,8 +115,8 @@ class AutoencoderTinyFast(nn.Module):
         self.config = TinyVAEConfig(settings)
         self.use_tiling = False
         self.use_slicing = False
-        self.tile_size = 64  # latent cells per tile side (512 pixels at 8x)
-        self.tile_overlap: int | None = None  # latent cells; None = the exact receptive-field radius
+        self.tile_size: int | str = 512  # image pixels per tile side, or "auto"
+        self.tile_overlap: int | None = None  # image pixels; None = the exact receptive-field radius
         self.train(taesd.training)  # from_pretrained models are in eval mode, as in diffusers
 
     # ------------------------------------------------------------------ loading and saving
@@ -195,12 +197,16 @@ class AutoencoderTinyFast(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def enable_tiling(self, use_tiling: bool = True, *, tile_size: int | None = None, overlap: int | None = None) -> None:
-        """Decode (and encode) in tiles of tile_size latent cells (default 64, i.e. 512 px); exact, see tiling.py.
+    def enable_tiling(self, use_tiling: bool = True, *, tile_size: int | str | None = None,
+                      overlap: int | None = None) -> None:
+        """Decode (and encode) in tiles of tile_size image pixels (default 512; "auto": the largest tile that fits in
+        the free memory, none when the image fits); exact, see tiling.py. overlap: image pixels, default exact.
 
         The first argument is diffusers' `use_tiling` flag, so `enable_tiling(False)` turns tiling off there too."""
+        tile_size = self.tile_size if tile_size is None else tile_size
+        check_tile_arguments(self.taesd, tile_size, overlap, "tile_size")
         self.use_tiling = bool(use_tiling)
-        self.tile_size = self.tile_size if tile_size is None else tile_size
+        self.tile_size = tile_size
         self.tile_overlap = overlap
 
     def disable_tiling(self) -> None:
@@ -225,6 +231,7 @@ class AutoencoderTinyFast(nn.Module):
         """[B, 3, H, W] images in [-1, 1] -> latents (`.latents`, or a 1-tuple with return_dict=False)."""
         self._offload_hook()
         check_tensor(x, "images", channels=3, like=self.taesd._param("encoder"))
+        warn_if_unusual_range(x, (-1.0, 1.0), self.taesd._range_checked, stacklevel=3)
         parts = x.split(1) if self.use_slicing and x.shape[0] > 1 else (x,)
         latents = torch.cat([self._encode01(p.add(1).div(2)) for p in parts])
         return TinyEncoderOutput(latents) if return_dict else (latents,)
@@ -249,17 +256,15 @@ class AutoencoderTinyFast(nn.Module):
 
     # ------------------------------------------------------------------ internals
 
+    def _tiling(self) -> tuple[int | str | None, int | None]:
+        return (self.tile_size, self.tile_overlap) if self.use_tiling else (None, None)
+
     def _encode01(self, images: torch.Tensor) -> torch.Tensor:
-        if not self.use_tiling:
-            return self.taesd.encode(images)
-        f = self.taesd.downscale
-        overlap = None if self.tile_overlap is None else self.tile_overlap * f
-        return encode_tiled(self.taesd, images, tile=self.tile_size * f, overlap=overlap)
+        return self.taesd._encode(images, *self._tiling(), value_range=None)  # encode() checked the [-1, 1] range
 
     def _decode_raw(self, z: torch.Tensor) -> torch.Tensor:
-        if not self.use_tiling:
-            return self.taesd.decode_unclamped(z)  # as DecoderTiny; a graph replay from a shape's 2nd call
-        return decode_tiled(self.taesd, z, tile=self.tile_size, overlap=self.tile_overlap, clamp=False)
+        # unclamped, as DecoderTiny; untiled, a graph replay from a shape's second call on
+        return self.taesd._decode(z, *self._tiling(), clamp=False)
 
     def _offload_hook(self) -> None:
         # accelerate's offload hooks move weights in forward(); pipelines call encode/decode directly, so run the

@@ -12,6 +12,7 @@ from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
 from .layers import name_layers
 from .validation import as_float_dtype, check_device, check_multiple, check_tensor
+from .value_range import warn_if_unusual_range
 
 
 class TAESD(nn.Module):
@@ -22,7 +23,7 @@ class TAESD(nn.Module):
 
     cuda_graphs (default True): on CUDA, `encode` / `decode` replay a CUDA graph from the second call with the same
     input shape on (graphs.GraphCache). Eager calls are bound by kernel launches: decode 256² B=1 took 2.4 ms
-    eagerly and 0.21 ms as a replay on an H200 (BENCHMARKS.md, run N). Set it to False to always run eagerly.
+    eagerly and 0.21 ms as a replay on an H200 (BENCHMARKS.md). Set it to False to always run eagerly.
     """
 
     latent_magnitude = 3.0
@@ -38,6 +39,7 @@ class TAESD(nn.Module):
         name_layers(self)
         self.cuda_graphs = True
         self._graph_caches = {"encoder": GraphCache(), "decoder": GraphCache(), "raw_decoder": GraphCache()}
+        self._range_checked: set = set()  # CUDA input signatures whose value range was checked (value_range)
 
     @property
     def latent_channels(self) -> int:
@@ -132,43 +134,76 @@ class TAESD(nn.Module):
             raise RuntimeError(f"this TAESD model has no {part} (it was loaded {other}-only), so it cannot {verb}")
         return next(module.parameters())
 
-    def encode(self, images: torch.Tensor, tile_size: int | None = None) -> torch.Tensor:
+    def encode(self, images: torch.Tensor, tile_size: int | str | None = None, *,
+               overlap: int | None = None) -> torch.Tensor:
         """[B, 3, H, W] images in [0, 1] -> [B, C, H/8, W/8] latents (H/32, W/32 for taesana).
 
-        H and W must be multiples of the downscale factor; pad or resize first (no silent padding).
-        tile_size: encode in tiles of this many pixels (a multiple of 8; 32 for taesana) to bound memory. The
-            result equals the untiled encode (taesd_fast.tiling).
+        H and W must be multiples of the downscale factor; pad or resize first (no silent padding). Images far
+        outside [0, 1] (0-255 values, or [-1, 1]) get a warning naming the likely cause (taesd_fast.value_range).
+        tile_size: encode in tiles of this many image pixels per side to bound memory (a multiple of 8; 32 for
+            taesana), or "auto": the largest tile that fits in the free memory, and no tiling when the whole image
+            fits. The result equals the untiled encode (taesd_fast.tiling). A tile below the efficient minimum
+            (twice the overlap: 144 px for TAEF2, 304 px for taesd) is raised to it with a warning.
+        overlap: image pixels added around each tile; default: the receptive field, which makes tiling exact.
         """
-        param = self._param("encoder")
-        check_tensor(images, "images", channels=3, like=param)
-        check_multiple(images, self.downscale, f"the {self.variant} encoder downsamples {self.downscale}x")
-        images = self.preferred_layout(images)
-        if tile_size is not None:
-            from .tiling import encode_tiled
+        return self._encode(images, tile_size, overlap)
 
-            return encode_tiled(self, images, tile=tile_size)
-        return self._run("encoder", self.encoder, images)
-
-    def decode(self, latents: torch.Tensor, tile_size: int | None = None) -> torch.Tensor:
+    def decode(self, latents: torch.Tensor, tile_size: int | str | None = None, *,
+               overlap: int | None = None) -> torch.Tensor:
         """[B, C, h, w] latents -> [B, 3, h*8, w*8] images clamped to [0, 1]. NaN in the latents stays NaN.
 
-        tile_size: decode in tiles of this many output pixels (a multiple of 8; 32 for taesana) to bound memory;
-            the result equals the untiled decode (taesd_fast.tiling).
+        tile_size, overlap: decode in tiles of this many output (image) pixels, as in `encode`; "auto" fits the
+            free memory. The result equals the untiled decode (taesd_fast.tiling).
         """
-        param = self._param("decoder")
-        check_tensor(latents, "latents", channels=self.latent_channels, like=param)
-        latents = self.preferred_layout(latents)
-        if tile_size is not None:
-            from .tiling import check_geometry, decode_tiled
-
-            check_geometry(tile_size, 0, self.downscale, "image pixels")
-            return decode_tiled(self, latents, tile=tile_size // self.downscale)
-        return self._run("decoder", lambda z: self.decoder(z).clamp(0, 1), latents)
+        return self._decode(latents, tile_size, overlap)
 
     def decode_unclamped(self, latents: torch.Tensor) -> torch.Tensor:
         """`decode` without the final clamp to [0, 1]: what diffusers' DecoderTiny returns."""
-        check_tensor(latents, "latents", channels=self.latent_channels, like=self._param("decoder"))
-        return self._run("raw_decoder", self.decoder, self.preferred_layout(latents))
+        return self._decode(latents, None, None, clamp=False)
+
+    def _encode(self, images: torch.Tensor, tile_size, overlap, *, tile_name: str = "tile_size",
+                value_range: tuple[float, float] | None = (0.0, 1.0)) -> torch.Tensor:
+        """encode with the tile argument named as the caller named it (encode_tiled: "tile"); value_range is the
+        range the caller's images should lie in, None when the caller checked it (the diffusers adapter)."""
+        param = self._param("encoder")
+        check_tensor(images, "images", channels=3, like=param)
+        check_multiple(images, self.downscale, f"the {self.variant} encoder downsamples {self.downscale}x")
+        if value_range is not None:
+            warn_if_unusual_range(images, value_range, self._range_checked)
+        images = self.preferred_layout(images)
+        tile, overlap = self._tiling("encoder", images, tile_size, overlap, tile_name)
+        if tile is None:
+            return self._run("encoder", self.encoder, images)
+        from .tiling import run_tiled
+
+        return run_tiled(self, "encoder", images, tile, overlap)
+
+    def _decode(self, latents: torch.Tensor, tile_size, overlap, *, clamp: bool = True,
+                tile_name: str = "tile_size") -> torch.Tensor:
+        param = self._param("decoder")
+        check_tensor(latents, "latents", channels=self.latent_channels, like=param)
+        latents = self.preferred_layout(latents)
+        tile, overlap = self._tiling("decoder", latents, tile_size, overlap, tile_name)
+        if tile is None:
+            if clamp:
+                return self._run("decoder", lambda z: self.decoder(z).clamp(0, 1), latents)
+            return self._run("raw_decoder", self.decoder, latents)
+        from .tiling import run_tiled
+
+        out = run_tiled(self, "decoder", latents, tile, overlap)
+        return out.clamp_(0, 1) if clamp else out
+
+    def _tiling(self, part: str, x: torch.Tensor, tile_size, overlap, name: str) -> tuple[int | None, int]:
+        """(tile in image pixels or None for untiled, overlap in image pixels) for this call."""
+        if tile_size is None:
+            if overlap is not None:
+                raise ValueError(f"overlap={overlap!r} was given without {name}; pass {name} (pixels or 'auto') too")
+            return None, 0
+        from . import tiling
+
+        tiling.check_tile_arguments(self, tile_size, overlap, name)
+        overlap = tiling.overlap_pixels(self, part) if overlap is None else overlap
+        return tiling.choose_tile(self, part, x, tile_size, overlap, name), overlap
 
     def _run(self, cache: str, fn, x: torch.Tensor) -> torch.Tensor:
         part = self.encoder if cache == "encoder" else self.decoder

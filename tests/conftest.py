@@ -1,8 +1,10 @@
-"""Shared fixtures: the ../shared data folder (real weights and photos), image loading, a faked Hub cache.
+"""Shared fixtures: the bundled test data (real weights, photos), image loading, a faked Hub cache.
 
-CI runs from a clean clone with ../shared beside the repo. Tests that need it are skipped with a visible reason when
-it is missing; set TAESD_FAST_REQUIRE_SHARED=1 to turn that skip into a failure (so a CI job cannot pass by
-skipping everything).
+Every test runs from the repository alone. The real data it needs is bundled: the TAEF2 weights in weights/, a photo
+and a talking-head clip in examples/assets/, three more photos and the real TAESANA encoder in tests/data/ (sources,
+licences and sha256 in tests/data/README.md). The read-only folder ../shared, when it sits beside the repo, only adds
+cases: tests marked `shared_extra` (such as checking the bundled safetensors against the upstream .pth files) are
+deselected, not skipped, when it is absent, so a skip always means a missing GPU.
 """
 
 from __future__ import annotations
@@ -16,48 +18,85 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = REPO_ROOT / "tests" / "data"
+ASSETS_DIR = REPO_ROOT / "examples" / "assets"
 SHARED_DIR = REPO_ROOT.parent / "shared"
-IMAGE_NAMES = ("monalisa.png", "musk.png", "sit.jpeg", "yongen.jpeg")
+
+# Real photos (MuseTalk demo assets, MIT): three faces and a painting.
+PHOTOS = {
+    "monalisa": ASSETS_DIR / "monalisa.jpg",
+    "musk": DATA_DIR / "musk.png",
+    "sit": DATA_DIR / "sit.jpeg",
+    "yongen": DATA_DIR / "yongen.jpeg",
+}
+IMAGE_NAMES = tuple(PHOTOS)
+TALKING_HEAD_CLIP = ASSETS_DIR / "sun_3s.mp4"  # 75 frames, 576x768, 25 fps
+TAESANA_ENCODER_PTH = DATA_DIR / "taesana_encoder.pth"  # the real upstream file (madebyollin/taesd, MIT)
 
 
-def _missing(what: str):
-    reason = f"{what} not found (tests expect the read-only data folder at {SHARED_DIR}, beside the repo)"
-    if os.environ.get("TAESD_FAST_REQUIRE_SHARED", "0") not in ("", "0"):
-        pytest.fail(reason + "; TAESD_FAST_REQUIRE_SHARED is set", pytrace=False)
-    pytest.skip(reason)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "shared_extra: an extra case that needs ../shared (deselected without it)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if SHARED_DIR.is_dir():
+        return
+    extra = [item for item in items if item.get_closest_marker("shared_extra")]
+    if extra:
+        config.hook.pytest_deselected(items=extra)
+        items[:] = [item for item in items if not item.get_closest_marker("shared_extra")]
+
+
+def pytest_report_header(config):
+    found = "found" if SHARED_DIR.is_dir() else "not found: the tests marked shared_extra are deselected"
+    return f"optional data folder {SHARED_DIR}: {found}"
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED_DIR.is_dir():
-        _missing("../shared")
+    """../shared, for tests marked `shared_extra` only (they are deselected when it is absent)."""
+    assert SHARED_DIR.is_dir(), "a test that uses shared_dir must be marked shared_extra"
     return SHARED_DIR
 
 
-def _need(path: Path) -> Path:
-    if not path.is_file():
-        _missing(str(path))
+def _upstream_pth_from_bundled(folder: Path, part: str) -> Path:
+    """The bundled TAEF2 safetensors written the way upstream wrote its .pth files: torch.save of an OrderedDict of
+    fp16 tensors with bare nn.Sequential keys, in a zip archive named like upstream's (taef2_encoder/data.pkl, ...).
+    tests/test_taesd_real.py checks the bundled tensors against the real upstream .pth when ../shared has it."""
+    from collections import OrderedDict
+
+    from safetensors.torch import load_file
+
+    from taesd_fast import hub
+
+    state = load_file(str(hub.BUNDLED_DIR / f"taef2_{part}.safetensors"))
+    path = folder / f"taef2_{part}.pth"
+    by_layer = sorted(state, key=lambda key: (int(key.split(".")[0]), key))
+    torch.save(OrderedDict((key, state[key]) for key in by_layer), path)
     return path
 
 
 @pytest.fixture(scope="session")
-def taef2_encoder_pth(shared_dir) -> Path:
-    return _need(shared_dir / "weights" / "taef2_encoder.pth")
+def taef2_pth_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("taef2_pth")
+    for part in ("encoder", "decoder"):
+        _upstream_pth_from_bundled(folder, part)
+    return folder
 
 
 @pytest.fixture(scope="session")
-def taef2_decoder_pth(shared_dir) -> Path:
-    return _need(shared_dir / "weights" / "taef2_decoder.pth")
+def taef2_encoder_pth(taef2_pth_dir) -> Path:
+    return taef2_pth_dir / "taef2_encoder.pth"
 
 
 @pytest.fixture(scope="session")
-def taesana_encoder_pth(shared_dir) -> Path:
-    return _need(shared_dir / "weights" / "taesana_encoder.pth")
+def taef2_decoder_pth(taef2_pth_dir) -> Path:
+    return taef2_pth_dir / "taef2_decoder.pth"
 
 
 @pytest.fixture(scope="session")
-def image_paths(shared_dir) -> dict[str, Path]:
-    return {name: _need(shared_dir / "data" / "images" / name) for name in IMAGE_NAMES}
+def taesana_encoder_pth() -> Path:
+    return TAESANA_ENCODER_PTH
 
 
 def load_image(path: Path, height: int, width: int) -> torch.Tensor:
@@ -72,11 +111,11 @@ def load_image(path: Path, height: int, width: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def load_photo(image_paths):
-    """load_photo(name, height, width) -> [1, 3, H, W] float32 in [0, 1]."""
+def load_photo():
+    """load_photo(name, height, width) -> [1, 3, H, W] float32 in [0, 1]; name is a key of PHOTOS."""
 
     def load(name: str, height: int, width: int) -> torch.Tensor:
-        return load_image(image_paths[name], height, width)
+        return load_image(PHOTOS[name], height, width)
 
     return load
 

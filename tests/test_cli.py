@@ -234,10 +234,8 @@ def test_lipsync_output_must_be_mp4(capsys, tmp_path, name):
     assert not (tmp_path / name).exists()
 
 
-def test_lipsync_box_outside_the_frame(capsys, shared_dir, tmp_path):
-    video = shared_dir / "data" / "video" / "sun.mp4"
-    if not video.is_file():
-        pytest.skip(f"{video} not found")
+def test_lipsync_box_outside_the_frame(capsys, tmp_path):
+    from conftest import TALKING_HEAD_CLIP as video  # 576x768
     code, _, err = run(capsys, "lipsync", video, "-o", tmp_path / "out.mp4", "--box", "400,600,700,900")
     assert_user_error(code, err, "outside the 576x768 frame")
     code, _, err = run(capsys, "lipsync", video, "-o", tmp_path / "out.mp4", "--box", "1,2,3")

@@ -189,7 +189,7 @@ def test_taef2_real_weights_follow_diffusers_conventions(taef2, load_photo):
     assert taef2.taesd.variant == "taef2" and taef2.config.latent_channels == 32
     assert taef2.config.scaling_factor == 1.0 and taef2.config.shift_factor == 0.0
     assert taef2.dtype == torch.float32 and taef2.device == torch.device("cpu") and not taef2.training
-    photo = load_photo("musk.png", 128, 192)
+    photo = load_photo("musk", 128, 192)
     with torch.no_grad():
         latents = taef2.encode(photo * 2 - 1).latents
         assert close(latents, taef2.taesd.encode(photo))
@@ -200,11 +200,11 @@ def test_taef2_real_weights_follow_diffusers_conventions(taef2, load_photo):
 
 def test_tiling_equals_untiled_for_32_channels(taef2, load_photo):
     vae = copy.deepcopy(taef2)
-    photo = load_photo("sit.jpeg", 256, 384) * 2 - 1
+    photo = load_photo("sit", 256, 384) * 2 - 1
     with torch.no_grad():
         latents = vae.encode(photo).latents  # [1, 32, 32, 48]
         untiled = vae.decode(latents).sample
-        vae.enable_tiling(tile_size=16)
+        vae.enable_tiling(tile_size=144)  # image pixels: 2 x 3 tiles
         assert vae.use_tiling
         assert close(vae.encode(photo).latents, latents)
         assert close(vae.decode(latents).sample, untiled)
@@ -215,11 +215,11 @@ def test_tiling_equals_untiled_for_32_channels(taef2, load_photo):
 def test_tiling_equals_untiled_for_16_channels(diffusers):
     """AutoencoderTiny's own tiling hard-codes 4 latent channels; ours takes any."""
     fast = AutoencoderTinyFast.from_diffusers(reference_tiny(diffusers, 16))
-    z = torch.randn(1, 16, 62, 3)  # a strip: 4 tiles of 19 cells (the decoder's receptive-field radius)
-    images = torch.rand(1, 3, 62 * 8, 24) * 2 - 1
+    z = torch.randn(1, 16, 100, 3)  # a strip of 800 px: 3 tiles of 304 px, the smallest for this architecture
+    images = torch.rand(1, 3, 100 * 8, 24) * 2 - 1
     with torch.no_grad():
         untiled, latents = fast.decode(z).sample, fast.encode(images).latents
-        fast.enable_tiling(tile_size=19)
+        fast.enable_tiling(tile_size=304)
         assert close(fast.decode(z).sample, untiled)
         assert close(fast.encode(images).latents, latents)
 
@@ -375,6 +375,6 @@ def test_patch_wan_vae_rejects_other_models(diffusers, taef2):
 def test_enable_tiling_takes_diffusers_use_tiling_flag():
     vae = AutoencoderTinyFast.from_pretrained()
     vae.enable_tiling()
-    assert vae.use_tiling
+    assert vae.use_tiling and vae.tile_size == 512  # image pixels, like AutoencoderTiny's tile_sample_min_size
     vae.enable_tiling(False)  # diffusers' signature: enable_tiling(use_tiling=True)
     assert not vae.use_tiling

@@ -97,8 +97,8 @@ def test_encode_not_multiple_of_8(taef2, size):
         taef2.encode(_images(1, 3, *size))
 
 
-def test_taesana_needs_multiple_of_32(shared_dir):
-    model = TAESD.from_pretrained(encoder_path=shared_dir / "weights" / "taesana_encoder.pth")
+def test_taesana_needs_multiple_of_32(taesana_encoder_pth):
+    model = TAESD.from_pretrained(encoder_path=taesana_encoder_pth)
     with pytest.raises(ValueError, match=r"\(48, 64\) is not a multiple of 32 \(the taesana encoder downsamples 32x\)"):
         model.encode(_images(1, 3, 48, 64))
 

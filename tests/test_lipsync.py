@@ -1,4 +1,4 @@
-"""The lip-sync pipeline: real frames of shared/data/video/sun.mp4 on CPU (a few frames), tiny synthetic videos for
+"""The lip-sync pipeline: real frames of the bundled talking-head clip examples/assets/sun_3s.mp4 on CPU (a few frames), tiny synthetic videos for
 audio handling, and the input checks.
 
 The pixel checks compare the output with the input video re-encoded by the same writer: losslessly (crf=0), the
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TALKING_HEAD_CLIP
 
 av = pytest.importorskip("av", reason="the lip-sync pipeline needs PyAV (pip install 'taesd_fast[media]')")
 np = pytest.importorskip("numpy")
@@ -36,11 +37,8 @@ def model() -> TAESD:
 
 
 @pytest.fixture(scope="module")
-def sun(shared_dir) -> Path:
-    path = shared_dir / "data" / "video" / "sun.mp4"
-    if not path.is_file():
-        pytest.skip(f"{path} not found (the talking-head test video of ../shared)")
-    return path
+def sun() -> Path:
+    return TALKING_HEAD_CLIP  # 75 real frames, 576x768; its face box is SUN_FACE_BOX
 
 
 def regions(info, box: Box) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,13 +1,18 @@
 """Real TAEF2 / TAESANA weights on real photos, against the independent float64 reference (tests/reference_taesd.py).
 
-The reference reads the .pth files with plain torch.load, so the package's own loading code is under test too.
+Everything here runs from the repository alone: the TAEF2 weights are the bundled ones (written back into upstream's
+.pth form by tests/conftest.py), the TAESANA encoder and three photos are in tests/data/. The reference reads the .pth
+files with plain torch.load, so the package's own loading code is under test too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 import pytest
 import torch
-from conftest import IMAGE_NAMES, psnr, rel_err
+from conftest import DATA_DIR, IMAGE_NAMES, psnr, rel_err
 from reference_taesd import reference_decoder, reference_encoder
 from safetensors.torch import load_file
 
@@ -18,7 +23,7 @@ from taesd_fast import TAESD
 REL_TOL_F32 = 1e-5
 
 # (image, height, width): squares and non-squares, small enough for a 2-core CPU.
-SIZES = [("monalisa.png", 128, 128), ("musk.png", 128, 192), ("sit.jpeg", 96, 160), ("yongen.jpeg", 64, 128)]
+SIZES = [("monalisa", 128, 128), ("musk", 128, 192), ("sit", 96, 160), ("yongen", 64, 128)]
 
 
 def _raw(path) -> dict[str, torch.Tensor]:
@@ -94,7 +99,7 @@ def test_decoder_on_random_latents_beyond_the_soft_clamp(taef2, ref_decoder):
 
 
 def test_channels_last_input_matches_reference(taef2, ref_encoder, load_photo):
-    image = torch.cat([load_photo("musk.png", 64, 64), load_photo("sit.jpeg", 64, 64)])
+    image = torch.cat([load_photo("musk", 64, 64), load_photo("sit", 64, 64)])
     with torch.no_grad():
         latents = taef2.encode(image.contiguous(memory_format=torch.channels_last))
     assert rel_err(latents, ref_encoder(image)) < REL_TOL_F32
@@ -111,7 +116,7 @@ def test_gradients_match_reference(taef2, ref_encoder, ref_decoder, load_photo):
     assert latents.grad.abs().max() > 0
     assert rel_err(latents.grad, latents64.grad) < 1e-4
 
-    image = load_photo("yongen.jpeg", 32, 32).requires_grad_()
+    image = load_photo("yongen", 32, 32).requires_grad_()
     taef2.encode(image).pow(2).sum().backward()
     image64 = image.detach().double().requires_grad_()
     ref_encoder(image64).pow(2).sum().backward()
@@ -142,7 +147,7 @@ def test_taesana_encoder_matches_f32_reference(taesana_encoder_pth, load_photo):
     assert model.decoder is None
     ref = reference_encoder(_raw(taesana_encoder_pth))
     assert ref.layout[1] == "relu", "reference picked the f32 layout from the keys"
-    image = torch.cat([load_photo("sit.jpeg", 128, 192), load_photo("monalisa.png", 128, 192)])
+    image = torch.cat([load_photo("sit", 128, 192), load_photo("monalisa", 128, 192)])
     with torch.no_grad():
         latents = model.encode(image)
     assert latents.shape == (2, 32, 4, 6)
@@ -152,8 +157,9 @@ def test_taesana_encoder_matches_f32_reference(taesana_encoder_pth, load_photo):
     assert err < REL_TOL_F32
 
 
-def test_bundled_default_weights_equal_the_real_pth(taef2, taef2_encoder_pth, taef2_decoder_pth):
-    """TAESD.from_pretrained() (offline, bundled safetensors) is exactly the published TAEF2."""
+def test_bundled_default_weights_load_exactly(taef2, taef2_encoder_pth, taef2_decoder_pth):
+    """TAESD.from_pretrained() (offline, bundled safetensors) holds the file's tensors, widened to float32, and
+    equals the model loaded from the same weights in upstream's .pth form."""
     default = TAESD.from_pretrained()
     assert default.variant == "taef2"
     for part, pth in (("encoder", taef2_encoder_pth), ("decoder", taef2_decoder_pth)):
@@ -162,25 +168,50 @@ def test_bundled_default_weights_equal_the_real_pth(taef2, taef2_encoder_pth, ta
         from_pth = getattr(taef2, part).state_dict()
         assert set(loaded) == set(original) == set(from_pth)
         for key, tensor in original.items():
-            assert loaded[key].dtype == torch.float32
+            assert tensor.dtype == torch.float16 and loaded[key].dtype == torch.float32
             assert torch.equal(loaded[key], tensor.float()), key
             assert torch.equal(loaded[key], from_pth[key]), key
 
 
-def test_bundled_safetensors_files_hold_the_pth_tensors_bit_for_bit(taef2_encoder_pth, taef2_decoder_pth):
+def _sha256_table(readme) -> dict[str, str]:
+    """{relative path: sha256} from the sha256sum-style lines of a README."""
+    lines = re.findall(r"^([0-9a-f]{64})  (\S+)$", readme.read_text(), re.MULTILINE)
+    return {path: digest for digest, path in lines}
+
+
+def test_bundled_test_data_checksums():
+    """tests/data/README.md lists every real file the tests read, with the sha256 of the published copy."""
+    table = _sha256_table(DATA_DIR / "README.md")
+    names = {"musk.png", "sit.jpeg", "yongen.jpeg", "taesana_encoder.pth", "../../weights/taef2_encoder.safetensors",
+             "../../weights/taef2_decoder.safetensors", "../../examples/assets/monalisa.jpg",
+             "../../examples/assets/sun_3s.mp4"}
+    assert set(table) == names
+    for name, digest in table.items():
+        assert hashlib.sha256((DATA_DIR / name).read_bytes()).hexdigest() == digest, name
+
+
+@pytest.mark.shared_extra
+def test_bundled_safetensors_hold_the_published_pth_tensors_bit_for_bit(shared_dir):
+    """The bundled weights/ files against the published upstream .pth files (in ../shared)."""
     from taesd_fast import hub
 
-    for part, pth in (("encoder", taef2_encoder_pth), ("decoder", taef2_decoder_pth)):
+    for part in ("encoder", "decoder"):
         bundled = load_file(str(hub.BUNDLED_DIR / f"taef2_{part}.safetensors"))
-        original = _raw(pth)
+        original = _raw(shared_dir / "weights" / f"taef2_{part}.pth")
         assert set(bundled) == set(original)
         for key, tensor in original.items():
             assert bundled[key].dtype == tensor.dtype and torch.equal(bundled[key], tensor), key
 
 
+@pytest.mark.shared_extra
+def test_bundled_taesana_encoder_is_the_published_file(shared_dir):
+    published = shared_dir / "weights" / "taesana_encoder.pth"
+    assert (DATA_DIR / "taesana_encoder.pth").read_bytes() == published.read_bytes()
+
+
 def test_scale_and_unscale_latents_are_inverse(taef2, load_photo):
     with torch.no_grad():
-        latents = taef2.encode(load_photo("yongen.jpeg", 64, 64))
+        latents = taef2.encode(load_photo("yongen", 64, 64))
     scaled = TAESD.scale_latents(latents)
     assert scaled.min() >= 0 and scaled.max() <= 1
     inside = latents.abs() < 3  # scale_latents clamps outside [-3, 3]
