@@ -112,18 +112,30 @@ def test_an_unwritable_output_is_a_one_line_error(capsys, tmp_path):
     assert not Path("/sys/x.safetensors").exists()
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
-                    reason="file permissions do not bind root (the /sys case covers it there)")
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file permissions")
 def test_a_read_only_folder_is_a_one_line_error(capsys, tmp_path):
+    """A folder the user cannot write into. Root ignores permission bits, so as root the folder is made immutable
+    (chattr +i) instead, which binds root too."""
+    import shutil
+    import subprocess
+
     image = small_image(tmp_path / "in.png")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
+    root = os.geteuid() == 0
+    if root and (shutil.which("chattr") is None
+                 or subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0):
+        pytest.skip("running as root, where permission bits do not bind, and chattr +i is unavailable here")
     try:
         code, _, err = run(capsys, "encode", image, "-o", locked / "x.safetensors")
     finally:
+        if root:
+            subprocess.run(["chattr", "-i", str(locked)], check=True)
         locked.chmod(0o700)
-    assert_user_error(code, err, f"cannot write {locked / 'x.safetensors'}: Permission denied")
+    reason = "Operation not permitted" if root else "Permission denied"
+    assert_user_error(code, err, f"cannot write {locked / 'x.safetensors'}: {reason}")
+    assert not (locked / "x.safetensors").exists()
 
 
 def test_an_output_under_a_file_is_a_one_line_error(capsys, tmp_path):
