@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from .. import _backend
-from . import head_fused
 from .device import capability, sm_count
 from .head_g_layout import GC as G
 from .tma_pdl import frames_layout, frames_tma_reason
@@ -116,27 +115,3 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     grid = min(b * tiles, sm_count(features.device))
     args = [x_map, c_map, w_map, nc_map, gs, g, h * w, b * tiles, tiles, t, int(cache is not None), float(eps)]
     kernel((grid,), (kernel.max_threads,), args, smem=_smem(c))  # the source's __launch_bounds__ sets the block
-
-
-# --------------------------------------------------------------------------- the row
-
-
-def spec_unsupported_reason(spec) -> str | None:
-    """Row "cuda_fused" (kind head_full): the fused head's contract (head_fused), shape_reason, no earlier failure
-    (NVRTC itself is checked by the dispatcher for rows marked nvrtc)."""
-    reason = head_fused.contract_spec_reason(spec, needs_triton=False)
-    if reason is None:
-        b, c, t, h, w = spec.x_shape
-        reason = shape_reason(c, h, w, spec.device) or (_failure[0] if _failure else None)
-    return reason
-
-
-def row_ready(spec) -> bool:
-    """True once the kernel for C and the stencil are loaded: safe inside a CUDA-graph capture."""
-    return head_fused.stencil_ready(spec) and spec_ready(spec.device, spec.x_shape[1])
-
-
-def run(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
-        patch: int = 0) -> tuple[Tensor, Tensor]:
-    """The head_full signature, with this g kernel."""
-    return head_fused.head_full_variant(x, cache, gamma, weight, bias, eps, patch, head_fused.CUDA_SM90)

@@ -462,8 +462,8 @@ def _contiguous_ints(c: int, t: int, h: int, w: int, has_cache: bool) -> tuple:
 
 
 def _hopper_module(variant: str):
-    """head_cuda or head_wgmma, imported when first named. They import this module for the shared glue, so this is
-    a call-time import (tests/test_import_graph.py reports it); the op and "auto" need to reach them."""
+    """head_cuda or head_wgmma (plain kernel modules: launch and shape rules; the glue around them is here),
+    imported when first named, since they need Triton's Gluon or NVRTC."""
     from . import head_cuda, head_wgmma
 
     return {CUDA_SM90: head_cuda, HOPPER: head_wgmma}[variant]
@@ -598,6 +598,49 @@ def contract_spec_reason(spec, needs_triton: bool = True) -> str | None:
 def spec_unsupported_reason(spec) -> str | None:
     """Row "triton_fused": the contract, with Triton."""
     return contract_spec_reason(spec)
+
+
+def cuda_spec_unsupported_reason(spec) -> str | None:
+    """Row "cuda_fused" (the CUDA C++ g kernel, head_cuda): the contract, its shape rule, no earlier compile failure
+    (NVRTC itself is checked by the dispatcher for rows marked nvrtc)."""
+    reason = contract_spec_reason(spec, needs_triton=False)
+    if reason is None:
+        head_cuda = _hopper_module(CUDA_SM90)
+        b, c, t, h, w = spec.x_shape
+        reason = head_cuda.shape_reason(c, h, w, spec.device) or (head_cuda._failure[0] if head_cuda._failure else None)
+    return reason
+
+
+def cuda_row_ready(spec) -> bool:
+    """Row "cuda_fused": the kernel for C and the stencil are loaded (safe inside a CUDA-graph capture)."""
+    return stencil_ready(spec) and _hopper_module(CUDA_SM90).spec_ready(spec.device, spec.x_shape[1])
+
+
+def run_cuda(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+             patch: int = 0) -> tuple[Tensor, Tensor]:
+    """Row "cuda_fused"'s run: head_full_variant with the CUDA C++ g kernel."""
+    return head_full_variant(x, cache, gamma, weight, bias, eps, patch, CUDA_SM90)
+
+
+def gluon_spec_unsupported_reason(spec) -> str | None:
+    """Row "gluon_fused" (the Gluon g kernel, head_wgmma): the contract, then its shape rule."""
+    reason = contract_spec_reason(spec)
+    if reason is None:
+        b, c, t, h, w = spec.x_shape
+        reason = _hopper_module(HOPPER).shape_reason(c, t, h, w, spec.device)
+    return reason
+
+
+def gluon_row_ready(spec) -> bool:
+    """Row "gluon_fused": this shape's kernel and the stencil are loaded (safe inside a CUDA-graph capture)."""
+    b, c, t, h, w = spec.x_shape
+    return stencil_ready(spec) and _hopper_module(HOPPER).spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
+
+
+def run_gluon(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
+              patch: int = 0) -> tuple[Tensor, Tensor]:
+    """Row "gluon_fused"'s run: head_full_variant with the Gluon g kernel."""
+    return head_full_variant(x, cache, gamma, weight, bias, eps, patch, HOPPER)
 
 
 def stencil_ready(spec) -> bool:

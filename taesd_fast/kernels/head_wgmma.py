@@ -39,7 +39,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import head_fused
 from .device import is_sm90, sm_count
 from .gluon_import import GLUON_ERROR as _GLUON_ERROR
 from .gluon_import import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -383,27 +382,3 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
 def spec_ready(device, b: int, c: int, t: int, h: int, w: int, has_cache: bool) -> bool:
     """True once a launch of this shape compiles nothing (safe inside a CUDA-graph capture)."""
     return _key(device, c, t, has_cache, _ints(b, h, w)) in _compiled
-
-
-# --------------------------------------------------------------------------- the row
-
-
-def spec_unsupported_reason(spec) -> str | None:
-    """Row "gluon_fused" (kind head_full): the fused head's contract (head_fused), then shape_reason."""
-    reason = head_fused.contract_spec_reason(spec)
-    if reason is None:
-        b, c, t, h, w = spec.x_shape
-        reason = shape_reason(c, t, h, w, spec.device)
-    return reason
-
-
-def row_ready(spec) -> bool:
-    """True once this shape's kernel and the stencil are loaded: safe inside a CUDA-graph capture."""
-    b, c, t, h, w = spec.x_shape
-    return head_fused.stencil_ready(spec) and spec_ready(spec.device, b, c, t, h, w, bool(spec.residual))
-
-
-def run(x: Tensor, cache: Tensor | None, gamma: Tensor, weight: Tensor, bias: Tensor | None, eps: float,
-        patch: int = 0) -> tuple[Tensor, Tensor]:
-    """The head_full signature, with this g kernel."""
-    return head_fused.head_full_variant(x, cache, gamma, weight, bias, eps, patch, head_fused.HOPPER)

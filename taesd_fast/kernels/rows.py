@@ -69,10 +69,11 @@ KERNEL_ROWS: list[KernelRow] = [
     KernelRow("split_bf16", "head", _supports("head"), _run("head", "split_head_conv"), _ready("head"),
               ("nchw", "channels_last"), True, "head"),
     # head_full: RMS norm + SiLU + window + conv + clamp (+ unpatchify) in one call
-    KernelRow("cuda_fused", "head_full", _supports("head_cuda"), _run("head_cuda"), _ready("head_cuda", "row_ready"),
-              _NCDHW, True, "head_cuda"),
-    KernelRow("gluon_fused", "head_full", _supports("head_wgmma"), _run("head_wgmma"),
-              _ready("head_wgmma", "row_ready"), _NCDHW, True, "head_wgmma"),
+    # the Hopper g kernels (head_cuda, head_wgmma) with the glue they share with the Triton one (head_fused)
+    KernelRow("cuda_fused", "head_full", _supports("head_fused", "cuda_spec_unsupported_reason"),
+              _run("head_fused", "run_cuda"), _ready("head_fused", "cuda_row_ready"), _NCDHW, True, "head_cuda"),
+    KernelRow("gluon_fused", "head_full", _supports("head_fused", "gluon_spec_unsupported_reason"),
+              _run("head_fused", "run_gluon"), _ready("head_fused", "gluon_row_ready"), _NCDHW, True, "head_wgmma"),
     KernelRow("triton_fused", "head_full", _supports("head_fused"), _run("head_fused"), _ready("head_fused"), _NCDHW,
               True, "head_fused"),
     KernelRow("triton_norm_split", "head_full", _supports("head_act"), _run("head_act"), _ready("head_act"), _NCDHW,
