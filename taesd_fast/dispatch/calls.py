@@ -40,7 +40,7 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
     if background:
         rec = state.final.get((graph, key))
         if rec is None:
-            rec = decide.provisional(spec, graph)
+            rec = decide.provisional(spec)
             tuner.submit(spec, graph, key, args_meta(args))
     else:
         rec = decide.decide_now(spec, mode, graph, lambda: args_meta(args), tuning_mode)

@@ -186,7 +186,7 @@ def eligible(spec: Spec, mode: str = "auto", in_capture: bool = False) -> tuple[
 # ----------------------------------------------------------------------------- picking
 
 
-def _record(spec: Spec, name: str, why: str, ms: dict, skipped: dict, graph: bool) -> Record:
+def _record(spec: Spec, name: str, why: str, ms: dict, skipped: dict) -> Record:
     return Record(spec, name, why, ms, skipped, table.row(spec.kind, name).run)
 
 
@@ -206,7 +206,7 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
         first = next(iter(skipped.items()), None)
         why = "forced torch" if mode == "torch" else (
             "no custom kernel for this call" + (f" ({first[0]}: {first[1]})" if first else ""))
-        return _record(spec, ref, why, {}, skipped, graph)
+        return _record(spec, ref, why, {}, skipped)
     if graph:
         why += " (graph replays)"
     failed = dict(entry.get("failed", {})) if entry else {}
@@ -215,20 +215,20 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
     timed = {n: t for n, t in ms.items() if n != ref and n not in failed}
     if mode == "kernels":
         if timed:
-            return _record(spec, min(timed, key=timed.get), f"forced kernels, {why}", ms, skipped, graph)
+            return _record(spec, min(timed, key=timed.get), f"forced kernels, {why}", ms, skipped)
         untried = [n for n in table.kernel_rows.forced_order(spec.layout) if n in kernels and n not in failed]
         if untried:
-            return _record(spec, untried[0], f"forced kernels, default order ({why})", ms, skipped, graph)
-        return _record(spec, ref, "forced kernels, but every kernel failed", ms, skipped, graph)
+            return _record(spec, untried[0], f"forced kernels, default order ({why})", ms, skipped)
+        return _record(spec, ref, "forced kernels, but every kernel failed", ms, skipped)
     best = min(timed, key=timed.get) if timed else None
     if best is not None and ref in ms and timed[best] < MARGIN * ms[ref]:
-        return _record(spec, best, why, ms, skipped, graph)
-    return _record(spec, ref, why, ms, skipped, graph)
+        return _record(spec, best, why, ms, skipped)
+    return _record(spec, ref, why, ms, skipped)
 
 
-def provisional(spec: Spec, graph: bool) -> Record:
+def provisional(spec: Spec) -> Record:
     """What a call runs while the tuner works on its spec: PyTorch."""
-    return _record(spec, table.reference(spec.kind).name, "PyTorch while tuning in the background", {}, {}, graph)
+    return _record(spec, table.reference(spec.kind).name, "PyTorch while tuning in the background", {}, {})
 
 
 def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tuning_mode: str) -> Record:

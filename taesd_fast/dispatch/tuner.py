@@ -157,7 +157,7 @@ def _work() -> None:
             rec = _tune(job)
         except Exception as e:  # noqa: BLE001 - the calls keep running PyTorch; say so once
             error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-            rec = decide.provisional(job.spec, job.graph)
+            rec = decide.provisional(job.spec)
             rec.why = f"PyTorch: background tuning failed ({error})"
         with _cv:  # lock order: gpu_lock, then _cv (a capture may queue work); never _cv then gpu_lock
             _running = None
