@@ -45,7 +45,7 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
     else:
         rec = decide.decide_now(spec, mode, graph, lambda: args_meta(args), tuning_mode)
     row = table.row(spec.kind, rec.choice)
-    if in_capture and row.kernel and not row.ready(spec, graph):  # loading a module mid-capture is unsafe
+    if in_capture and row.kernel and not row.ready(spec):  # loading a module mid-capture is unsafe
         return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not loaded before capture",
                              rec.ms, rec.skipped, table.reference(spec.kind).run)
     if background or not in_capture:

@@ -171,7 +171,7 @@ def time_candidates(rows: list[Row], spec: Spec, meta: tuple, graph: bool, reps:
     return ms, failed
 
 
-def warm(row: Row, spec: Spec, meta: tuple, graph: bool) -> None:
+def warm(row: Row, spec: Spec, meta: tuple) -> None:
     """Run a row twice on stand-ins so its kernel is compiled and loaded (then `row.ready` holds and a CUDA-graph
     capture may use it)."""
     with tuner_step():

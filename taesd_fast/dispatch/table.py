@@ -25,7 +25,7 @@ def _always(spec: Spec) -> None:
     return None
 
 
-def _ready(spec: Spec, graph: bool) -> bool:
+def _ready(spec: Spec) -> bool:
     return True
 
 
@@ -40,7 +40,7 @@ class Row:
     run: Callable[..., Tensor]
     supports: Callable[[Spec], str | None] = _always
     kernel: bool = True  # a custom kernel: auto mode runs it only where it was measured faster than PyTorch
-    ready: Callable[[Spec, bool], bool] = _ready  # (spec, graph): launches without compiling or loading a module
+    ready: Callable[[Spec], bool] = _ready  # launches without compiling or loading a module
     layouts: tuple = ("nchw",)  # input layouts the kernel reads natively (others are converted first)
     devices: tuple = ("cuda",)  # device types the row can run on, checked before `supports` (no import on CPU)
     nvrtc: bool = True  # needs our NVRTC-built kernels (the Triton rows check Triton in `supports`)
@@ -49,7 +49,7 @@ class Row:
 def _from_kernel_row(k: KernelRow) -> Row:
     """A kernel module's row (kernels/rows.py) as a dispatch row. Kernel rows run the same function whether or not
     a CUDA graph will replay the call: which kernel suits a replay is measured, not ruled."""
-    return Row(k.name, k.kind, k.run, k.supports, ready=lambda spec, graph: k.ready(spec), layouts=k.layouts,
+    return Row(k.name, k.kind, k.run, k.supports, ready=k.ready, layouts=k.layouts,
                nvrtc=k.nvrtc)
 
 

@@ -130,8 +130,8 @@ def _tune(job: _Job) -> decide.Record:
             entry, why = {"ms": ms, "failed": failed}, "measured in the background"
         rec = decide.pick(spec, "auto", rows, skipped, entry, why, graph)
         row = table.row(spec.kind, rec.choice)
-        if row.kernel and not row.ready(spec, graph):
-            measure.warm(row, spec, job.meta, graph)
+        if row.kernel and not row.ready(spec):
+            measure.warm(row, spec, job.meta)
         return rec
 
 
