@@ -121,6 +121,24 @@ def _replayable(x: torch.Tensor, params: list) -> bool:
     return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
 
 
+def signature(x: torch.Tensor, params: list, *extra) -> tuple:
+    """What a captured graph bakes in besides the dispatch decisions: the input's shape, dtype, device and strides,
+    the dispatch mode, each parameter's address and version, and the caller's `extra` flags. A graph replays only
+    for calls with the signature it was captured under (GraphCache, taehv_stream.graphed_step)."""
+    return (x.shape, x.dtype, x.device, x.stride(), dispatch.get_backend(), *extra,
+            tuple((p.data_ptr(), p._version) for p in params))
+
+
+def eager_before_capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """An eager call of a signature that is to be replayed. In background tuning it decides as the replay will
+    (graph_timing): calls the tuner has not timed yet run PyTorch either way, and what it queues are the specs
+    the replays run, so tuning spends its time on those."""
+    if dispatch.get_tuning() == "background":
+        with dispatch.graph_timing():
+            return fn(x)
+    return fn(x)
+
+
 class GraphCache:
     """Runs fn(x) as a CUDA-graph replay from the second call with the same signature on; the first call runs
     eagerly, so a one-off shape costs no capture. TAESD.encode / decode use one each (`TAESD.cuda_graphs`).
@@ -169,8 +187,7 @@ class GraphCache:
         return self._call(fn, x, params)
 
     def _call(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
-        key = (x.shape, x.dtype, x.device, x.stride(), dispatch.get_backend(),
-               tuple((p.data_ptr(), p._version) for p in params))
+        key = signature(x, params)
         graphed = self._graphs.get(key)
         if graphed is not None and graphed.generation == dispatch.generation():
             self._graphs.move_to_end(key)
@@ -183,13 +200,13 @@ class GraphCache:
             self._seen[key] = None
             if len(self._seen) > 64:
                 self._seen.popitem(last=False)
-            return self._before_capture(fn, x)
+            return eager_before_capture(fn, x)
         background = dispatch.get_tuning() == "background"
         try:
             graphed = CUDAGraphed(fn, x, wait=not background)
         except dispatch.GpuBusy:  # the tuner is mid-step: eager now, capture on a later call
             self._seen[key] = None
-            return self._before_capture(fn, x)
+            return eager_before_capture(fn, x)
         except Exception as e:  # noqa: BLE001 - any capture problem: this signature stays eager
             self._failed.add(key)
             warnings.warn(f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "
@@ -199,13 +216,3 @@ class GraphCache:
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
         return graphed(x)
-
-    @staticmethod
-    def _before_capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """An eager call of a signature that is to be replayed. In background tuning it decides as the replay will
-        (graph_timing): calls the tuner has not timed yet run PyTorch either way, and what it queues are the specs
-        the replays run, so tuning spends its time on those."""
-        if dispatch.get_tuning() == "background":
-            with dispatch.graph_timing():
-                return fn(x)
-        return fn(x)

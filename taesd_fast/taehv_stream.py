@@ -33,24 +33,15 @@ class _Graph:
     output: torch.Tensor
 
 
-def _eager(step, x: torch.Tensor) -> torch.Tensor:
-    """A step of a stream that is to be replayed, run eagerly. In background tuning it decides as the replay will
-    (graph_timing), so what the tuner queues are the specs the replays run (as graphs.GraphCache does)."""
-    if dispatch.get_tuning() == "background":
-        with dispatch.graph_timing():
-            return step(x)
-    return step(x)
-
-
 def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -> torch.Tensor:
     """step(x) for a stream on CUDA: eager on a shape's first call, then captured and replayed. The graph reads
     and writes the state's own memory tensors, so a replay continues the stream with no copies; capturing runs the
     step twice to warm up, which changes that memory, so it is saved and put back before the real step. The key
-    holds what the graph bakes in (shape, strides, dispatch mode, the weights' addresses and versions, and `tag`,
-    e.g. the uint8 output flag): a change runs eagerly once and then captures anew. When background tuning has
+    holds what the graph bakes in (`graphs.signature`: shape, strides, dispatch mode, the weights' addresses and
+    versions; and `tag`, e.g. the uint8 output flag): a change runs eagerly once and then captures anew. When background tuning has
     changed decisions since the capture, the next step captures again with the tuned kernels. While a tuning step
     holds the GPU, or where capture fails (with one warning), the step runs eagerly. Returns a fresh tensor."""
-    key = (x.shape, x.dtype, x.stride(), tag, dispatch.get_backend(), tuple((p.data_ptr(), p._version) for p in params))
+    key = graphs.signature(x, params, tag)
     graph = state._graph
     if graph is not None and graph.key == key and graph.generation == dispatch.generation():
         graph.input.copy_(x)
@@ -59,7 +50,7 @@ def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -
     stale = graph is not None and graph.key == key  # tuned since the capture: capture again now
     if state._failed == key or (not stale and (state._seen != key or any(m is None for m in state.memory))):
         state._seen = key  # a shape's first call runs eagerly
-        return _eager(step, x)
+        return graphs.eager_before_capture(step, x)
     # Capturing runs the step (warm-up) on the state's memory: keep it and put it back before the real step.
     saved = [m.clone() for m in state.memory]
     static = x.clone()
@@ -74,7 +65,7 @@ def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -
             warnings.warn(f"taesd_fast: CUDA-graph capture of a TAEHV step failed for input {tuple(x.shape)} "
                           f"({type(err).__name__}: {err}); this stream's steps stay eager", RuntimeWarning,
                           stacklevel=3)
-        return _eager(step, x)
+        return graphs.eager_before_capture(step, x)
     for m, s in zip(state.memory, saved):
         m.copy_(s)
     state._graph = _Graph(key, generation, static, replay, output)
