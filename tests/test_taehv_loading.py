@@ -3,6 +3,8 @@ step's CUDA-graph bookkeeping (driven on the CPU with a stand-in for the capture
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import populate_hub_cache
@@ -240,7 +242,7 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
 
     monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
     monkeypatch.setattr(taehv_stream.graphs, "capture", fake_capture)
-    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: _Null())
+    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: contextlib.nullcontext())
     latents = torch.randn(1, 8, 48, *HW)
     whole = w22.decode_video(latents)
     frames, state = [], None
@@ -257,11 +259,3 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
     torch.testing.assert_close(torch.cat(frames, 1), whole, rtol=0, atol=1e-6)
     # A replay returns a fresh tensor: the next replay must not overwrite what the caller holds.
     assert frames[-1].data_ptr() != state._graph.output.data_ptr()
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *args):
-        return False
