@@ -8,7 +8,9 @@ CUDA graph from its second call with a state on.
 
 from __future__ import annotations
 
+import math
 import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -290,10 +292,8 @@ class TAEHV(nn.Module):
 
 
 def _stride_product(strides, flags) -> int:
-    out = 1
-    for stride, on in zip(strides, flags):
-        out *= stride if on else 1
-    return out
+    """The product of the strides whose stage is switched on."""
+    return math.prod(stride for stride, on in zip(strides, flags) if on)
 
 
 def _flags(value, name: str) -> tuple:
