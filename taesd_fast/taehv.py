@@ -199,10 +199,8 @@ class TAEHV(nn.Module):
         returned; memory does not grow with the stream's length."""
         param = self._param("decoder")
         if isinstance(latents, torch.Tensor) and latents.dim() == 4:
-            check_video(latents.unsqueeze(1), "latents", self.latent_channels, param)
             latents = latents.unsqueeze(1)
-        else:
-            check_video(latents, "latents", self.latent_channels, param)
+        check_video(latents, "latents", self.latent_channels, param)
         first = state is None or getattr(state, "steps", None) == 0  # (a wrong state is reported below)
         frames, state = self._decode(latents, state, uint8)
         if first and not self._untrimmed(None):
