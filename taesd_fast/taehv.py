@@ -178,11 +178,11 @@ class TAEHV(nn.Module):
         check_video(latents, "latents", self.latent_channels, param)
         trim = 0 if self._untrimmed(latents.shape[1]) else self.frames_to_trim
         if parallel:
-            frames, _ = self._decode(latents, None, uint8)
+            frames, _ = self._decode(latents, None, uint8, param)
             return frames[:, trim:]
         state, out = None, []
         for t in _progress(range(latents.shape[1]), show_progress_bar, "decoding"):
-            frames, state = self._decode(latents[:, t:t + 1], state, uint8)
+            frames, state = self._decode(latents[:, t:t + 1], state, uint8, param)
             out.append(frames)
         return torch.cat(out, 1)[:, trim:]
 
@@ -202,7 +202,7 @@ class TAEHV(nn.Module):
             latents = latents.unsqueeze(1)
         check_video(latents, "latents", self.latent_channels, param)
         first = state is None or getattr(state, "steps", None) == 0  # (a wrong state is reported below)
-        frames, state = self._decode(latents, state, uint8)
+        frames, state = self._decode(latents, state, uint8, param)
         if first and not self._untrimmed(None):
             frames = frames[:, self.frames_to_trim:]
         return frames, state
@@ -223,9 +223,8 @@ class TAEHV(nn.Module):
         out = self._stream(self.encoder, x, state)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
 
-    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool):
+    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor):
         n, k, c, h, w = latents.shape
-        param = self._param("decoder")
         state = self._state("decoder", state, n, h, w, param)
         out = self._stream(self.decoder, self._layout(latents.reshape(n * k, c, h, w)), state, uint8=uint8)
         return out.reshape(n, -1, *out.shape[1:]), state
