@@ -8,7 +8,9 @@ CUDA graph from its second call with a state on.
 
 from __future__ import annotations
 
+import math
 import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -176,11 +178,11 @@ class TAEHV(nn.Module):
         check_video(latents, "latents", self.latent_channels, param)
         trim = 0 if self._untrimmed(latents.shape[1]) else self.frames_to_trim
         if parallel:
-            frames, _ = self._decode(latents, None, uint8)
+            frames, _ = self._decode(latents, None, uint8, param)
             return frames[:, trim:]
         state, out = None, []
         for t in _progress(range(latents.shape[1]), show_progress_bar, "decoding"):
-            frames, state = self._decode(latents[:, t:t + 1], state, uint8)
+            frames, state = self._decode(latents[:, t:t + 1], state, uint8, param)
             out.append(frames)
         return torch.cat(out, 1)[:, trim:]
 
@@ -197,12 +199,10 @@ class TAEHV(nn.Module):
         returned; memory does not grow with the stream's length."""
         param = self._param("decoder")
         if isinstance(latents, torch.Tensor) and latents.dim() == 4:
-            check_video(latents.unsqueeze(1), "latents", self.latent_channels, param)
             latents = latents.unsqueeze(1)
-        else:
-            check_video(latents, "latents", self.latent_channels, param)
+        check_video(latents, "latents", self.latent_channels, param)
         first = state is None or getattr(state, "steps", None) == 0  # (a wrong state is reported below)
-        frames, state = self._decode(latents, state, uint8)
+        frames, state = self._decode(latents, state, uint8, param)
         if first and not self._untrimmed(None):
             frames = frames[:, self.frames_to_trim:]
         return frames, state
@@ -223,9 +223,8 @@ class TAEHV(nn.Module):
         out = self._stream(self.encoder, x, state)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
 
-    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool):
+    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor):
         n, k, c, h, w = latents.shape
-        param = self._param("decoder")
         state = self._state("decoder", state, n, h, w, param)
         out = self._stream(self.decoder, self._layout(latents.reshape(n * k, c, h, w)), state, uint8=uint8)
         return out.reshape(n, -1, *out.shape[1:]), state
@@ -290,10 +289,8 @@ class TAEHV(nn.Module):
 
 
 def _stride_product(strides, flags) -> int:
-    out = 1
-    for stride, on in zip(strides, flags):
-        out *= stride if on else 1
-    return out
+    """The product of the strides whose stage is switched on."""
+    return math.prod(stride for stride, on in zip(strides, flags) if on)
 
 
 def _flags(value, name: str) -> tuple:

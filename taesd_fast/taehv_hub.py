@@ -152,20 +152,22 @@ def choose_name(arch: TAEHVArch, requested: str | None, hint: str | None, source
     else the first published variant with these tensors."""
     if known_variant(requested) is not None:
         want = VARIANTS[requested]
-        if (want.latent_channels, want.patch_size, want.super_decoder) != \
-                (arch.latent_channels, arch.patch_size, arch.super_decoder):
+        if _name_key(want) != _name_key(arch):
             raise WeightsError(f"variant {requested!r} ({want.describe()}) disagrees with the weights in {source}, "
                                f"which have {arch.describe()}")
         return requested
-    matching = [n for n, a in VARIANTS.items()
-                if (a.latent_channels, a.patch_size, a.super_decoder) == (arch.latent_channels, arch.patch_size,
-                                                                          arch.super_decoder)]
+    matching = [n for n, a in VARIANTS.items() if _name_key(a) == _name_key(arch)]
     if hint in matching:
         return hint
     if not matching:
         raise WeightsError(f"{source} holds a TAEHV with {arch.describe()}, which matches no published variant "
                            f"({', '.join(VARIANTS)})")
     return matching[0]
+
+
+def _name_key(arch: TAEHVArch) -> tuple:
+    """What a variant name must agree with: latent channels, patch size, base or super decoder."""
+    return arch.latent_channels, arch.patch_size, arch.super_decoder
 
 
 # ------------------------------------------------------------------------------------------- finding files

@@ -16,6 +16,7 @@ Fast-path structure (every conv goes through `taesd_fast.dispatch`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,11 +45,11 @@ class TAEHVArch:
 
     @property
     def t_downscale(self) -> int:
-        return _product(self.encoder_time)
+        return math.prod(self.encoder_time)
 
     @property
     def t_upscale(self) -> int:
-        return _product(self.decoder_time)
+        return math.prod(self.decoder_time)
 
     @property
     def space_scale(self) -> int:
@@ -59,13 +60,6 @@ class TAEHVArch:
         return (f"{self.latent_channels} latent channels, patch {self.patch_size}, "
                 f"{'super' if self.super_decoder else 'base'} decoder, time x{self.t_downscale} down / "
                 f"x{self.t_upscale} up")
-
-
-def _product(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 class MemBlock(nn.Module):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .cli_support import positive_int, resolve_device, resolve_dtype
+from .cli_support import model_param, positive_int, resolve_device, resolve_dtype
 from .latents_io import LATENTS_KEY
 from .output_files import OVERWRITE_FLAG, atomic_write, check_outputs
 from .taehv_hub import VARIANTS
@@ -104,7 +104,7 @@ def _video_job(args: argparse.Namespace, suffix: str, decoder: bool):
     if args.variant is None and (args.weights is None or not Path(args.weights).is_file()):
         raise ValueError(f"which TAEHV for {args.video}? pass --variant ({', '.join(VARIANTS)}) or --weights FILE")
     model = load_model(args, args.variant, encoder=True, decoder=decoder)
-    return info, model, _Clock(next(model.parameters()).device)
+    return info, model, _Clock(model_param(model).device)
 
 
 def load_model(args: argparse.Namespace, variant: str | None, *, encoder: bool, decoder: bool):
@@ -163,7 +163,7 @@ def _metadata_int(metadata: dict, key: str) -> int | None:
 def _frames_to_tensor(frames: list, multiple: int, model) -> torch.Tensor:
     """[H, W, 3] uint8 arrays -> [1, k, 3, H', W'] on the model's device and dtype, padded to `multiple` by edge
     replication."""
-    param = next(model.parameters())
+    param = model_param(model)
     x = torch.stack([torch.from_numpy(f) for f in frames]).to(param.device).permute(0, 3, 1, 2).to(param.dtype) / 255
     h, w = x.shape[-2:]
     pad_h, pad_w = -h % multiple, -w % multiple
@@ -219,7 +219,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
                          f"expects {model.latent_channels} channels at dim 2 (NTCHW){hint}")
     if latents.shape[0] != 1:
         raise ValueError(f"{args.latents} holds {latents.shape[0]} videos; decode writes one (batch 1)")
-    param = next(model.parameters())
+    param = model_param(model)
     fps = args.fps or (Fraction(metadata["fps"]) if "fps" in metadata else DEFAULT_FPS)
     scale = model.space_upscale
     height = _metadata_int(metadata, "height") or latents.shape[-2] * scale
