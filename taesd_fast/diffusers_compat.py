@@ -204,7 +204,7 @@ class AutoencoderTinyFast(nn.Module):
 
         The first argument is diffusers' `use_tiling` flag, so `enable_tiling(False)` turns tiling off there too."""
         tile_size = self.tile_size if tile_size is None else tile_size
-        check_tile_arguments(self.taesd, tile_size, overlap, "tile_size")
+        check_tile_arguments(self.taesd, tile_size, overlap)
         self.use_tiling = bool(use_tiling)
         self.tile_size = tile_size
         self.tile_overlap = overlap

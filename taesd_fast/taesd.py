@@ -161,29 +161,28 @@ class TAESD(nn.Module):
         """`decode` without the final clamp to [0, 1]: what diffusers' DecoderTiny returns."""
         return self._decode(latents, None, None, clamp=False)
 
-    def _encode(self, images: torch.Tensor, tile_size, overlap, *, tile_name: str = "tile_size",
+    def _encode(self, images: torch.Tensor, tile_size, overlap, *,
                 value_range: tuple[float, float] | None = (0.0, 1.0)) -> torch.Tensor:
-        """encode with the tile argument named as the caller named it (encode_tiled: "tile"); value_range is the
-        range the caller's images should lie in, None when the caller checked it (the diffusers adapter)."""
+        """encode; value_range is the range the caller's images should lie in, None when the caller checked it (the
+        diffusers adapter)."""
         param = self._param("encoder")
         check_tensor(images, "images", channels=3, like=param)
         check_multiple(images, self.downscale, f"the {self.variant} encoder downsamples {self.downscale}x")
         if value_range is not None:
             warn_if_unusual_range(images, value_range, self._range_checked)
         images = self.preferred_layout(images)
-        tile, overlap = self._tiling("encoder", images, tile_size, overlap, tile_name)
+        tile, overlap = self._tiling("encoder", images, tile_size, overlap)
         if tile is None:
             return self._run("encoder", self.encoder, images)
         from .tiling import run_tiled
 
         return run_tiled(self, "encoder", images, tile, overlap)
 
-    def _decode(self, latents: torch.Tensor, tile_size, overlap, *, clamp: bool = True,
-                tile_name: str = "tile_size") -> torch.Tensor:
+    def _decode(self, latents: torch.Tensor, tile_size, overlap, *, clamp: bool = True) -> torch.Tensor:
         param = self._param("decoder")
         check_tensor(latents, "latents", channels=self.latent_channels, like=param)
         latents = self.preferred_layout(latents)
-        tile, overlap = self._tiling("decoder", latents, tile_size, overlap, tile_name)
+        tile, overlap = self._tiling("decoder", latents, tile_size, overlap)
         if tile is None:
             if clamp:
                 return self._run("decoder", lambda z: self.decoder(z).clamp(0, 1), latents)
@@ -193,17 +192,17 @@ class TAESD(nn.Module):
         out = run_tiled(self, "decoder", latents, tile, overlap)
         return out.clamp_(0, 1) if clamp else out
 
-    def _tiling(self, part: str, x: torch.Tensor, tile_size, overlap, name: str) -> tuple[int | None, int]:
+    def _tiling(self, part: str, x: torch.Tensor, tile_size, overlap) -> tuple[int | None, int]:
         """(tile in image pixels or None for untiled, overlap in image pixels) for this call."""
         if tile_size is None:
             if overlap is not None:
-                raise ValueError(f"overlap={overlap!r} was given without {name}; pass {name} (pixels or 'auto') too")
+                raise ValueError(f"overlap={overlap!r} was given without tile_size; pass tile_size (pixels or 'auto') too")
             return None, 0
         from . import tiling
 
-        tiling.check_tile_arguments(self, tile_size, overlap, name)
+        tiling.check_tile_arguments(self, tile_size, overlap)
         overlap = tiling.overlap_pixels(self, part) if overlap is None else overlap
-        return tiling.choose_tile(self, part, x, tile_size, overlap, name), overlap
+        return tiling.choose_tile(self, part, x, tile_size, overlap), overlap
 
     def _run(self, cache: str, fn, x: torch.Tensor) -> torch.Tensor:
         part = self.encoder if cache == "encoder" else self.decoder

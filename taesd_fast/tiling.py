@@ -104,18 +104,18 @@ def _check_pixels(name: str, value, f: int, low: int) -> None:
                          f"{f}x{f}-pixel latent cells")
 
 
-def check_tile_arguments(model, tile, overlap, name: str = "tile_size") -> None:
+def check_tile_arguments(model, tile, overlap) -> None:
     """tile: "auto" or a positive multiple of the downscale factor; overlap: None or a multiple >= 0 (pixels)."""
     f = model.downscale
     if not (isinstance(tile, str) and tile == "auto"):
         if isinstance(tile, str):
-            raise ValueError(f"{name}={tile!r}: expected a number of image pixels or 'auto'")
-        _check_pixels(name, tile, f, f)
+            raise ValueError(f"tile_size={tile!r}: expected a number of image pixels or 'auto'")
+        _check_pixels("tile_size", tile, f, f)
     if overlap is not None:
         _check_pixels("overlap", overlap, f, 0)
 
 
-def choose_tile(model, part: str, x: torch.Tensor, tile, overlap: int, name: str = "tile_size") -> int | None:
+def choose_tile(model, part: str, x: torch.Tensor, tile, overlap: int) -> int | None:
     """The tile size (image pixels) to run with, or None to run untiled.
 
     "auto": None when the untiled run fits in the free memory, else the largest tile that fits. A number below
@@ -125,8 +125,8 @@ def choose_tile(model, part: str, x: torch.Tensor, tile, overlap: int, name: str
         return _auto_tile(model, part, x, overlap, smallest)
     if tile < smallest:
         warnings.warn(
-            f"{name}={tile} is too small to tile efficiently: each tile runs with {overlap} extra pixels on every "
-            f"side, so a tile under {smallest} px spends most of its time on that border; using {name}={smallest}",
+            f"tile_size={tile} is too small to tile efficiently: each tile runs with {overlap} extra pixels on every "
+            f"side, so a tile under {smallest} px spends most of its time on that border; using tile_size={smallest}",
             stacklevel=5,
         )
         return smallest
