@@ -62,8 +62,8 @@ def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_
 def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA sm_90 with Gluon, the conv contract, then shape_reason."""
     return sm90_spec_reason(spec, _GLUON_ERROR) or shape_reason(
-        spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride, getattr(spec, "upsample", 1),
-        getattr(spec, "pre_clamp", False), spec.residual)
+        spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride, spec.upsample,
+        spec.pre_clamp, spec.residual)
 
 
 def spec_ready(spec) -> bool:

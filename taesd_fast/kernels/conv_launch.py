@@ -92,8 +92,8 @@ def mark_launched(variant: str, x: Tensor, w: Tensor, stride: int, upsample: int
 def spec_launched(variant: str, spec, extra=()) -> bool:
     """True once a launch with this spec's compile key ran in this process: launching again compiles and loads
     nothing, so a CUDA-graph capture may launch it."""
-    return _key(variant, spec.device, spec.x_shape, spec.w_shape, spec.stride, getattr(spec, "upsample", 1),
-                getattr(spec, "pre_clamp", False), spec.bias, spec.residual, spec.relu, extra) in _launched
+    return _key(variant, spec.device, spec.x_shape, spec.w_shape, spec.stride, spec.upsample,
+                spec.pre_clamp, spec.bias, spec.residual, spec.relu, extra) in _launched
 
 
 def sm90_spec_reason(spec, library_error: str | None) -> str | None:
@@ -105,4 +105,4 @@ def sm90_spec_reason(spec, library_error: str | None) -> str | None:
         return library_error
     if not is_sm90(spec.device):
         return "needs an sm_90 GPU (wgmma, TMA)"
-    return conv_shape_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, getattr(spec, "upsample", 1))
+    return conv_shape_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, spec.upsample)

@@ -88,8 +88,8 @@ def spec_unsupported_reason(spec) -> str | None:
     B, c_in, H, W = spec.x_shape
     c_out = spec.w_shape[0]
     return (sm90_spec_reason(spec, _GLUON_ERROR)
-            or shape_reason(c_in, c_out, W, spec.stride, getattr(spec, "upsample", 1),
-                            getattr(spec, "pre_clamp", False), spec.residual)
+            or shape_reason(c_in, c_out, W, spec.stride, spec.upsample,
+                            spec.pre_clamp, spec.residual)
             or one_wave_reason(spec.x_shape, lambda sms: rows_per_program(B, H, W, c_out, sms),
                                sm_count(spec.device)))
 

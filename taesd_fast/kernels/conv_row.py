@@ -56,7 +56,7 @@ def spec_unsupported_reason(spec) -> str | None:
     itself is checked by the dispatcher for rows marked nvrtc)."""
     return (sm90_spec_reason(spec, _failure[0] if _failure else None)
             or shape_reason(spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride,
-                            getattr(spec, "upsample", 1), getattr(spec, "pre_clamp", False)))
+                            spec.upsample, spec.pre_clamp))
 
 
 def spec_ready(spec) -> bool:

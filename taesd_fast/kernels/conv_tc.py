@@ -233,13 +233,13 @@ def spec_unsupported_reason(spec) -> str | None:
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
     return triton_unavailable_reason(spec.device) or unsupported_reason(
-        spec.x_shape, spec.w_shape, spec.dtype, spec.stride, getattr(spec, "upsample", 1))
+        spec.x_shape, spec.w_shape, spec.dtype, spec.stride, spec.upsample)
 
 
 def spec_ready(spec) -> bool:
     """True once this call's kernel (default config) was launched in this process: no Triton compile would happen
     inside a CUDA-graph capture. Image sizes are not specialised, so any size of the layer counts."""
-    upsample = getattr(spec, "upsample", 1)
+    upsample = spec.upsample
     cfg = default_config(spec.w_shape[1], spec.w_shape[0], spec.stride, upsample,
                          _m_rows(spec.x_shape, spec.w_shape, spec.stride, upsample))
     return spec_launched(NAME, spec, cfg)

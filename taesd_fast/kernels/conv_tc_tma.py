@@ -172,14 +172,14 @@ def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA, Triton, the conv contract, then the kernel's limits with the default config."""
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
-    upsample = getattr(spec, "upsample", 1)
+    upsample = spec.upsample
     reason = triton_unavailable_reason(spec.device) or conv_shape_reason(
         spec.x_shape, spec.w_shape, spec.dtype, spec.stride, upsample)
     if reason is not None:
         return reason
     c_out, c_in = spec.w_shape[:2]
     cfg = default_config(c_out)
-    return unsupported_reason(c_in, spec.stride, getattr(spec, "pre_clamp", False), plan(c_in, c_out, upsample).block_k,
+    return unsupported_reason(c_in, spec.stride, spec.pre_clamp, plan(c_in, c_out, upsample).block_k,
                               cfg.tile_w, cfg.block_m, torch.device(spec.device))
 
 

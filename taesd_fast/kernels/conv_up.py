@@ -70,8 +70,8 @@ def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA sm_90 with Gluon, the conv contract, shape_reason, one wave on this GPU."""
     B, c_in, H, W = spec.x_shape
     return (sm90_spec_reason(spec, _GLUON_ERROR)
-            or shape_reason(c_in, spec.w_shape[0], W, spec.stride, getattr(spec, "upsample", 1),
-                            getattr(spec, "pre_clamp", False), spec.residual)
+            or shape_reason(c_in, spec.w_shape[0], W, spec.stride, spec.upsample,
+                            spec.pre_clamp, spec.residual)
             or one_wave_reason(spec.x_shape, lambda sms: rows_per_program(B, H, W, sms), sm_count(spec.device)))
 
 
