@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import conv_op
 from .conv_contract import conv_shape_reason
 from .conv_epilogue import epilogue, upsample_phase
-from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
+from .conv_launch import conv_row_run, mark_launched, on_device, prepare, spec_launched
 from .conv_pack import packed_weight, plan
 from .device import capability, sm_count
 from .tma_pdl import pdl_args, pdl_start
@@ -193,10 +192,4 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
     return conv3x3_tma_launch(x, w, b, residual, stride, relu, upsample, pre_clamp)
 
 
-def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
-    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
-conv_op.register(NAME, launch_conv)
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op
