@@ -26,15 +26,14 @@ from torch import Tensor
 from .conv_contract import conv_shape_reason, output_shape
 from .conv_epilogue import epilogue, upsample_phase
 from .conv_launch import conv_row_run, mark_launched, on_device, prepare, spec_launched
-from .conv_op import conv3x3_tc, conv3x3_tc_ref
 from .conv_pack import Plan, packed_weight, plan
 from .tma_pdl import pdl_args, pdl_start
 from .triton_import import TRITON_ERROR, tl, triton, triton_available, triton_unavailable_reason
 
 __all__ = [
-    "NAME", "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc", "conv3x3_tc_ref", "conv3x3_tc_launch",
-    "unsupported_reason", "default_config", "output_shape", "spec_unsupported_reason", "spec_ready", "run",
-    "launch_conv", "flops", "triton_available", "triton_unavailable_reason",
+    "NAME", "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc_launch", "unsupported_reason", "default_config",
+    "output_shape", "spec_unsupported_reason", "spec_ready", "run", "launch_conv", "flops", "triton_available",
+    "triton_unavailable_reason",
 ]
 
 NAME = "triton_conv"
