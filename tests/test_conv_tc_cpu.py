@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taesd_fast.kernels import conv_contract, conv_launch, conv_pack, conv_schedule, conv_tc_tma, conv_tile
+from taesd_fast.kernels import conv_contract, conv_launch, conv_op, conv_pack, conv_schedule, conv_tc_tma, conv_tile
 from taesd_fast.kernels import conv_tc as tc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_cpu_op_is_twin_and_matches_reference(upsample, stride, pre_clamp):
     y = torch.ops.taesd_fast.conv3x3_tc(*args)
     assert y.is_contiguous(memory_format=CL) and y.dtype == torch.float16
     assert y.shape == tc.output_shape(x.shape, w.shape, stride, upsample)
-    torch.testing.assert_close(y, tc.conv3x3_tc_ref(*args), rtol=0, atol=0)
+    torch.testing.assert_close(y, conv_op.conv3x3_tc_ref(*args), rtol=0, atol=0)
     ref = _reference64(*args)
     assert _rel(y, ref) <= 2 * _rel(_torch_f16(*args), ref) + 1e-7
 
@@ -273,7 +273,7 @@ def test_row_helpers_on_cpu():
     assert conv_tc_tma.spec_unsupported_reason(spec) == "CPU tensor"
     assert not tc.spec_ready(spec) and not conv_tc_tma.spec_ready(spec)
     x, w, b, r = _make(1, 16, 8, 5, 6, seed=2)
-    torch.testing.assert_close(tc.run(x, w, b, 1, r, True), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
+    torch.testing.assert_close(tc.run(x, w, b, 1, r, True), conv_op.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
 
 
 def test_opcheck_cpu():
@@ -299,14 +299,12 @@ def test_rows_trace_through_the_op_under_torch_compile():
     for row in (tc, conv_tc_tma, conv_halo):
         torch._dynamo.reset()
         fn = torch.compile(lambda x, r, row=row: row.run(x, w, b, 1, r, True), backend=backend, fullgraph=True)
-        torch.testing.assert_close(fn(x, r), tc.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
+        torch.testing.assert_close(fn(x, r), conv_op.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
     assert seen == ["triton_conv", "triton_conv_tma", "gluon_conv_rows"]
 
 
 def test_op_names_only_conv_rows():
     """The op's variant names a conv2d kernel row; anything else is a clear error, not another kernel."""
-    from taesd_fast.kernels import conv_op
-
     assert conv_op.launcher("triton_conv") is tc.launch_conv  # each module registers its launch as it loads
     assert conv_op.launcher("triton_conv_tma") is conv_tc_tma.launch_conv
     assert conv_op.launcher("gluon_conv_tile") is conv_tile.launch_conv

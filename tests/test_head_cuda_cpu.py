@@ -38,13 +38,13 @@ def test_reason_checks_tma_strides_and_failures(monkeypatch):
     monkeypatch.setattr(_backend, "kernels_unavailable_reason", lambda device=None: None)
     monkeypatch.setattr(hc, "_failure", [])
     x = torch.randn(2, 64, 6, 4, 8).bfloat16()
-    assert hc.reason(x, None) is None
+    assert hc.unsupported_reason(x, None) is None
     # tma_pdl.frames_tma_reason's cases are in tests/test_head_wgmma_cpu.py; here, that reason consults it.
     shifted = torch.randn(2 * 64 * 6 * 32 + 1).bfloat16()[1:].view(2, 64, 6, 4, 8)  # base 2 bytes off
-    assert "cache is not 16-byte aligned" in hc.reason(x, shifted[:, :, :2])
+    assert "cache is not 16-byte aligned" in hc.unsupported_reason(x, shifted[:, :, :2])
     with pytest.warns(RuntimeWarning, match="CUDA head kernel is unavailable .*NVRTC could not compile"):
         hc.give_up(RuntimeError("NVRTC could not compile head_g_sm90.cu for sm_90a"))
-    assert "NVRTC could not compile" in hc.reason(x, None)
+    assert "NVRTC could not compile" in hc.unsupported_reason(x, None)
 
 
 def test_auto_prefers_cuda_then_gluon_then_triton(monkeypatch):

@@ -136,7 +136,7 @@ def spec_unsupported_reason(spec, variant: str) -> str | None:
     """Row "simt_f16_<variant>"'s support rule: a CUDA tensor, no upsample or clamp fold, unsupported_reason."""
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
-    if getattr(spec, "upsample", 1) != 1 or getattr(spec, "pre_clamp", False):
+    if spec.upsample != 1 or spec.pre_clamp:
         return "no upsample or clamp fold in the SIMT kernels"
     return unsupported_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, variant)
 

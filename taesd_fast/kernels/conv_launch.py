@@ -1,5 +1,6 @@
-"""What every tensor-core conv row does around its kernel: argument checks and NHWC operands before the launch, the
-torch.compile route through the conv3x3_tc op, and the record of what was launched (a row's spec_ready)."""
+"""What every tensor-core conv row does around its kernel: argument checks and NHWC operands before the launch,
+the torch.compile route through the conv3x3_tc op (a row's run), and the record of what was launched (a row's
+spec_ready)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from .conv_contract import check_conv_args, conv_shape_reason, new_out
 from .device import is_sm90
 from .tma_pdl import aligned_nhwc, pdl_args
 
-__all__ = ["ConvCall", "launch_checked", "mark_launched", "on_device", "prepare", "route", "sm90_spec_reason",
-           "spec_launched"]
+__all__ = ["ConvCall", "conv_row_run", "launch_checked", "mark_launched", "on_device", "prepare", "route",
+           "sm90_spec_reason", "spec_launched"]
 
 
 @dataclass
@@ -75,6 +76,18 @@ def route(variant: str, launch, x: Tensor, w: Tensor, b: Tensor | None, stride: 
     return launch(x, w, b, residual, stride, relu, upsample, pre_clamp)
 
 
+def conv_row_run(variant: str, launch):
+    """A tensor-core conv row's `run` (the dispatcher's conv2d signature), routed as above; also registers `launch`
+    with the conv3x3_tc op, so that the op can run this row's kernel once its module is imported."""
+    conv_op.register(variant, launch)
+
+    def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+            upsample: int = 1, pre_clamp: bool = False) -> Tensor:
+        return route(variant, launch, x, w, b, stride, residual, relu, upsample, pre_clamp)
+
+    return run
+
+
 _launched: set = set()  # (variant, device, compile key) of every launch in this process
 
 
@@ -92,8 +105,8 @@ def mark_launched(variant: str, x: Tensor, w: Tensor, stride: int, upsample: int
 def spec_launched(variant: str, spec, extra=()) -> bool:
     """True once a launch with this spec's compile key ran in this process: launching again compiles and loads
     nothing, so a CUDA-graph capture may launch it."""
-    return _key(variant, spec.device, spec.x_shape, spec.w_shape, spec.stride, getattr(spec, "upsample", 1),
-                getattr(spec, "pre_clamp", False), spec.bias, spec.residual, spec.relu, extra) in _launched
+    return _key(variant, spec.device, spec.x_shape, spec.w_shape, spec.stride, spec.upsample,
+                spec.pre_clamp, spec.bias, spec.residual, spec.relu, extra) in _launched
 
 
 def sm90_spec_reason(spec, library_error: str | None) -> str | None:
@@ -105,4 +118,4 @@ def sm90_spec_reason(spec, library_error: str | None) -> str | None:
         return library_error
     if not is_sm90(spec.device):
         return "needs an sm_90 GPU (wgmma, TMA)"
-    return conv_shape_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, getattr(spec, "upsample", 1))
+    return conv_shape_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, spec.upsample)

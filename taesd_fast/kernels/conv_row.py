@@ -17,8 +17,7 @@ import warnings
 from torch import Tensor
 
 from .. import _backend
-from . import conv_op
-from .conv_launch import launch_checked, route, sm90_spec_reason
+from .conv_launch import conv_row_run, launch_checked, sm90_spec_reason
 from .conv_pack import packed_weight, plan
 from .conv_schedule import rows_per_program
 from .derived import derived
@@ -56,7 +55,7 @@ def spec_unsupported_reason(spec) -> str | None:
     itself is checked by the dispatcher for rows marked nvrtc)."""
     return (sm90_spec_reason(spec, _failure[0] if _failure else None)
             or shape_reason(spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride,
-                            getattr(spec, "upsample", 1), getattr(spec, "pre_clamp", False)))
+                            spec.upsample, spec.pre_clamp))
 
 
 def spec_ready(spec) -> bool:
@@ -109,10 +108,4 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
                           lambda: packed_weight(w, upsample, plan(C, C, upsample)), kernel)
 
 
-def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
-    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
-conv_op.register(NAME, launch_conv)
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

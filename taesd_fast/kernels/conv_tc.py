@@ -23,19 +23,17 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from . import conv_op
 from .conv_contract import conv_shape_reason, output_shape
 from .conv_epilogue import epilogue, upsample_phase
-from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
-from .conv_op import conv3x3_tc, conv3x3_tc_ref
+from .conv_launch import conv_row_run, mark_launched, on_device, prepare, spec_launched
 from .conv_pack import Plan, packed_weight, plan
 from .tma_pdl import pdl_args, pdl_start
 from .triton_import import TRITON_ERROR, tl, triton, triton_available, triton_unavailable_reason
 
 __all__ = [
-    "NAME", "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc", "conv3x3_tc_ref", "conv3x3_tc_launch",
-    "unsupported_reason", "default_config", "output_shape", "spec_unsupported_reason", "spec_ready", "run",
-    "launch_conv", "flops", "triton_available", "triton_unavailable_reason",
+    "NAME", "TCConfig", "TUNED", "MAX_CHANNELS", "conv3x3_tc_launch", "unsupported_reason", "default_config",
+    "output_shape", "spec_unsupported_reason", "spec_ready", "run", "launch_conv", "flops", "triton_available",
+    "triton_unavailable_reason",
 ]
 
 NAME = "triton_conv"
@@ -233,13 +231,13 @@ def spec_unsupported_reason(spec) -> str | None:
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
     return triton_unavailable_reason(spec.device) or unsupported_reason(
-        spec.x_shape, spec.w_shape, spec.dtype, spec.stride, getattr(spec, "upsample", 1))
+        spec.x_shape, spec.w_shape, spec.dtype, spec.stride, spec.upsample)
 
 
 def spec_ready(spec) -> bool:
     """True once this call's kernel (default config) was launched in this process: no Triton compile would happen
     inside a CUDA-graph capture. Image sizes are not specialised, so any size of the layer counts."""
-    upsample = getattr(spec, "upsample", 1)
+    upsample = spec.upsample
     cfg = default_config(spec.w_shape[1], spec.w_shape[0], spec.stride, upsample,
                          _m_rows(spec.x_shape, spec.w_shape, spec.stride, upsample))
     return spec_launched(NAME, spec, cfg)
@@ -251,16 +249,10 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
     return conv3x3_tc_launch(x, w, b, residual, stride, relu, upsample, pre_clamp)
 
 
-def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
-    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
 def flops(x_shape, w_shape, stride: int = 1, upsample: int = 1) -> float:
     """MACs x 2 of the equivalent (unfolded) 3x3 conv on the output grid: the figure TFLOP/s are quoted in."""
     B, c_out, Ho, Wo = output_shape(x_shape, w_shape, stride, upsample)
     return 2.0 * B * Ho * Wo * c_out * 9 * w_shape[1]
 
 
-conv_op.register(NAME, launch_conv)
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import conv_op
 from .conv_contract import conv_shape_reason
 from .conv_epilogue import epilogue, upsample_phase
-from .conv_launch import mark_launched, on_device, prepare, route, spec_launched
+from .conv_launch import conv_row_run, mark_launched, on_device, prepare, spec_launched
 from .conv_pack import packed_weight, plan
 from .device import capability, sm_count
 from .tma_pdl import pdl_args, pdl_start
@@ -172,14 +171,14 @@ def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA, Triton, the conv contract, then the kernel's limits with the default config."""
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
-    upsample = getattr(spec, "upsample", 1)
+    upsample = spec.upsample
     reason = triton_unavailable_reason(spec.device) or conv_shape_reason(
         spec.x_shape, spec.w_shape, spec.dtype, spec.stride, upsample)
     if reason is not None:
         return reason
     c_out, c_in = spec.w_shape[:2]
     cfg = default_config(c_out)
-    return unsupported_reason(c_in, spec.stride, getattr(spec, "pre_clamp", False), plan(c_in, c_out, upsample).block_k,
+    return unsupported_reason(c_in, spec.stride, spec.pre_clamp, plan(c_in, c_out, upsample).block_k,
                               cfg.tile_w, cfg.block_m, torch.device(spec.device))
 
 
@@ -193,10 +192,4 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
     return conv3x3_tma_launch(x, w, b, residual, stride, relu, upsample, pre_clamp)
 
 
-def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
-    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
-conv_op.register(NAME, launch_conv)
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import conv_op
-from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
+from .conv_launch import conv_row_run, launch_checked, sm90_spec_reason, spec_launched
 from .conv_pack import packed_weight, plan
 from .device import sm_count
 from .gluon_import import GLUON_ERROR as _GLUON_ERROR
@@ -55,8 +54,8 @@ def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_
 def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA sm_90 with Gluon, the conv contract, then shape_reason."""
     return sm90_spec_reason(spec, _GLUON_ERROR) or shape_reason(
-        spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride, getattr(spec, "upsample", 1),
-        getattr(spec, "pre_clamp", False))
+        spec.w_shape[1], spec.w_shape[0], spec.x_shape[3], spec.stride, spec.upsample,
+        spec.pre_clamp)
 
 
 def spec_ready(spec) -> bool:
@@ -200,10 +199,4 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
                           lambda c, wp, pdl: launch(c.x, wp, c.b, c.residual, c.out, relu, pdl), tuple(x.shape))
 
 
-def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
-    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
-conv_op.register(NAME, launch_conv)
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

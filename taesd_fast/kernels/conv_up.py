@@ -26,8 +26,7 @@ import functools
 
 from torch import Tensor
 
-from . import conv_op
-from .conv_launch import launch_checked, route, sm90_spec_reason, spec_launched
+from .conv_launch import conv_row_run, launch_checked, sm90_spec_reason, spec_launched
 from .conv_pack import packed_weight, plan
 from .conv_schedule import one_wave_reason
 from .device import sm_count
@@ -70,8 +69,8 @@ def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA sm_90 with Gluon, the conv contract, shape_reason, one wave on this GPU."""
     B, c_in, H, W = spec.x_shape
     return (sm90_spec_reason(spec, _GLUON_ERROR)
-            or shape_reason(c_in, spec.w_shape[0], W, spec.stride, getattr(spec, "upsample", 1),
-                            getattr(spec, "pre_clamp", False), spec.residual)
+            or shape_reason(c_in, spec.w_shape[0], W, spec.stride, spec.upsample,
+                            spec.pre_clamp, spec.residual)
             or one_wave_reason(spec.x_shape, lambda sms: rows_per_program(B, H, W, sms), sm_count(spec.device)))
 
 
@@ -204,10 +203,4 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
                           lambda c, wp, pdl: launch(c.x, wp, c.b, c.out, relu, pdl), tuple(x.shape))
 
 
-def run(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
-        upsample: int = 1, pre_clamp: bool = False) -> Tensor:
-    """The dispatcher's conv2d signature: this kernel, eagerly or through the op while torch.compile traces."""
-    return route(NAME, launch_conv, x, w, b, stride, residual, relu, upsample, pre_clamp)
-
-
-conv_op.register(NAME, launch_conv)
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

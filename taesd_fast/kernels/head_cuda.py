@@ -78,9 +78,6 @@ def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
     return why or frames_tma_reason(features, cache) or _backend.kernels_unavailable_reason(features.device)
 
 
-reason = unsupported_reason  # the name the CPU tests and tools use
-
-
 def _defines(c: int) -> dict[str, int]:
     return {"CHUNKS": c // CHUNK, "SLOTS": _slots(c), "ACT_SLOTS": ACT_SLOTS}
 
@@ -102,7 +99,7 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
            eps: float, source: str = SOURCE) -> None:
     """As head_wgmma.launch: features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale *
     gamma fp32 [C]; wt = W^T [3, 112, C] bf16; g [B, T, H, W, 112] and new_cache [B, C, 2, H, W] contiguous outputs.
-    The caller checks `reason` first; `source` names a variant of the kernel's source (the probe's)."""
+    The caller checks `unsupported_reason` first; `source` names a variant of the kernel's source (the probe's)."""
     b, c, t, h, w = features.shape
     if cache is None and t == 1:
         new_cache[:, :, 0].zero_()  # the window's causal zero frame; the kernel skips zero frames

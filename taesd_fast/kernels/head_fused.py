@@ -651,14 +651,12 @@ def stencil_ready(spec) -> bool:
     return _backend.is_loaded("head_bf16.cu", "head_stencil", defines, spec.device)
 
 
-def spec_ready(spec, config: dict | None = None) -> bool:
-    """True once this shape's Triton g kernel (contiguous inputs, the default config) and the stencil are loaded:
-    launching then compiles nothing, so it is safe inside a CUDA-graph capture."""
+def spec_ready(spec) -> bool:
+    """True once this shape's Triton g kernel (contiguous inputs, the default config: what head_full_triton
+    launches) and the stencil are loaded: launching then compiles nothing, so it is safe inside a CUDA-graph capture."""
     b, c, t, h, w = spec.x_shape
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    if cfg["variant"] not in VARIANTS:
-        cfg["variant"] = _triton_variant()
-    key = _specialisation(spec.device, (cfg["variant"], cfg["block_m"], min(cfg["block_k"], c), cfg["num_warps"],
+    cfg = DEFAULT_CONFIG
+    key = _specialisation(spec.device, (_triton_variant(), cfg["block_m"], min(cfg["block_k"], c), cfg["num_warps"],
                                         cfg["num_stages"]), c, bool(spec.residual),
                           _contiguous_ints(c, t, h, w, bool(spec.residual)))
     return key in _compiled and stencil_ready(spec)

@@ -273,14 +273,19 @@ def _assert_replay_on_new_input_is_eager(run, x, gen):
     assert not y.isnan().any() and torch.equal(y, expected)
 
 
+def _assert_two_convs_replay_on_new_input_is_eager(module, H, W, seed):
+    """Two convs of `module` captured back to back (the second reads the first one's output) on a 1 x H x W image."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x, w, b, r = _make(1, H, W, True, True, gen)
+    w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
+    run = lambda: _run(module, _run(module, x, w, b, None, True), w2, b, r, True)  # noqa: E731
+    _assert_replay_on_new_input_is_eager(run, x, gen)
+
+
 def test_small_tile_graph_replays_new_inputs(tile_launches):
     """Two convs captured back to back with programmatic dependent launch, as in a decode: the replay on new inputs
     must equal the same two launches run eagerly (the second conv sees the first one's fresh output)."""
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    x, w, b, r = _make(1, 32, 32, True, True, gen)
-    w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
-    run = lambda: _run(conv_tile, _run(conv_tile, x, w, b, None, True), w2, b, r, True)  # noqa: E731
-    _assert_replay_on_new_input_is_eager(run, x, gen)
+    _assert_two_convs_replay_on_new_input_is_eager(conv_tile, 32, 32, seed=6)
     assert len(tile_launches) == 6
 
 
@@ -419,9 +424,5 @@ def test_row_kernel_matches_the_gluon_kernel(B, H, W, rows, bias, residual, relu
 def test_row_kernel_graph_replays_new_inputs(row_launches):
     """Captured after a conv that writes its input, with programmatic dependent launch, as in a decode: the replay on
     new inputs equals the same launches run eagerly."""
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    x, w, b, r = _make(1, 64, 256, True, True, gen)
-    w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
-    run = lambda: _run(conv_row, _run(conv_row, x, w, b, None, True), w2, b, r, True)  # noqa: E731
-    _assert_replay_on_new_input_is_eager(run, x, gen)
+    _assert_two_convs_replay_on_new_input_is_eager(conv_row, 64, 256, seed=9)
     assert len(row_launches) == 6

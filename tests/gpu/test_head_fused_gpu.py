@@ -211,7 +211,7 @@ def test_auto_takes_the_cuda_kernel_and_falls_back_to_gluon(monkeypatch):
     with pytest.warns(RuntimeWarning, match="the CUDA head kernel is unavailable .*other kernels run instead"):
         out, new_cache = hf.fused_head_with(*args)
     assert torch.equal(out, gluon_out) and torch.equal(new_cache, gluon_cache)
-    assert "NVRTC could not compile" in head_cuda.reason(features, cache)
+    assert "NVRTC could not compile" in head_cuda.unsupported_reason(features, cache)
     with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: RuntimeError: NVRTC"):
         hf.fused_head_with(*args, CONFIGS[CUDA])
     ref, out16, _ = _references(head, features, cache)
