@@ -93,14 +93,10 @@ class LatentsRecord:
                                  f"{height}x{width}; the file is inconsistent")
 
 
-def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, LatentsRecord | None]:
-    """A latents file -> ([N, C, h, w] raw latents, its record or None)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"latents file not found: {path}")
-    suffix = path.suffix.lower()
-    metadata: dict = {}
-    if suffix == ".safetensors":
+def read_tensor_file(path: Path) -> tuple[torch.Tensor, dict]:
+    """The latents tensor and metadata of a .safetensors (tensor "latents") or .pt/.pth file (a tensor, or a dict
+    with "latents"), with one-line errors; image and video latents files alike. The caller checks the suffix."""
+    if path.suffix.lower() == ".safetensors":
         from safetensors import safe_open
 
         with _reading(path), safe_open(str(path), framework="pt") as f:
@@ -109,15 +105,26 @@ def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, LatentsRecord |
             metadata = f.metadata() or {}
         if latents is None:
             raise ValueError(f"{path} has no tensor named {LATENTS_KEY!r} (it has: {', '.join(keys) or 'none'})")
-    elif suffix in (".pt", ".pth"):
-        with _reading(path):
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(data, dict) and LATENTS_KEY in data:
-            data = data[LATENTS_KEY]
-        if not isinstance(data, torch.Tensor):
-            raise ValueError(f"{path} should hold a latents tensor or a dict with key {LATENTS_KEY!r}, "
-                             f"got {type(data).__name__}")
-        latents = data
+        return latents, dict(metadata)
+    with _reading(path):
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(data, dict) and LATENTS_KEY in data:
+        data = data[LATENTS_KEY]
+    if not isinstance(data, torch.Tensor):
+        raise ValueError(f"{path} should hold a latents tensor or a dict with key {LATENTS_KEY!r}, "
+                         f"got {type(data).__name__}")
+    return data, {}
+
+
+def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, LatentsRecord | None]:
+    """A latents file -> ([N, C, h, w] raw latents, its record or None)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"latents file not found: {path}")
+    suffix = path.suffix.lower()
+    metadata: dict = {}
+    if suffix in (".safetensors", ".pt", ".pth"):
+        latents, metadata = read_tensor_file(path)
     elif suffix == ".png":
         import numpy as np
         from PIL import Image

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .cli_support import model_param, positive_int, resolve_device, resolve_dtype
-from .latents_io import LATENTS_KEY
+from .latents_io import LATENTS_KEY, read_tensor_file
 from .output_files import OVERWRITE_FLAG, atomic_write, check_outputs
 from .taehv_hub import VARIANTS
 
@@ -121,31 +121,12 @@ def load_video_latents(path: Path, ncthw: bool = False) -> tuple[torch.Tensor, d
     """A latents file -> ([N, T, C, h, w] float tensor, metadata dict)."""
     if not path.is_file():
         raise FileNotFoundError(f"latents file not found: {path}")
-    metadata: dict = {}
-    try:
-        if path.suffix.lower() == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="pt") as f:
-                if LATENTS_KEY not in f.keys():
-                    raise ValueError(f"{path} has no tensor named {LATENTS_KEY!r} "
-                                     f"(it has: {', '.join(f.keys()) or 'none'})")
-                latents, metadata = f.get_tensor(LATENTS_KEY), dict(f.metadata() or {})
-        elif path.suffix.lower() in (".pt", ".pth"):
-            data = torch.load(path, map_location="cpu", weights_only=True)
-            latents = data.get(LATENTS_KEY) if isinstance(data, dict) else data
-        else:
-            raise ValueError(f"{path}: expected a .safetensors, .pt or .pth latents file")
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as err:
-        from .weights_io import reader_reason
-
-        raise ValueError(f"could not read latents file {path} ({type(err).__name__}: {reader_reason(err)})") from err
-    if not isinstance(latents, torch.Tensor) or not latents.dtype.is_floating_point or latents.dim() not in (4, 5):
-        is_tensor = isinstance(latents, torch.Tensor)
-        what = f"{latents.dtype} {tuple(latents.shape)}" if is_tensor else type(latents).__name__
-        raise ValueError(f"{path}: latents must be a floating point [N, T, C, h, w] or [T, C, h, w] tensor, got {what}")
+    if path.suffix.lower() not in (".safetensors", ".pt", ".pth"):
+        raise ValueError(f"{path}: expected a .safetensors, .pt or .pth latents file")
+    latents, metadata = read_tensor_file(path)
+    if not latents.dtype.is_floating_point or latents.dim() not in (4, 5):
+        raise ValueError(f"{path}: latents must be a floating point [N, T, C, h, w] or [T, C, h, w] tensor, "
+                         f"got {latents.dtype} {tuple(latents.shape)}")
     if latents.dim() == 4:
         latents = latents.unsqueeze(0)
     if ncthw:

@@ -123,3 +123,20 @@ def test_errors_are_one_line_and_outputs_are_safe(clip, weights, tmp_path, capsy
     assert _run(["video", "decode", str(tmp_path / "missing.safetensors"), "-o", str(tmp_path / "z.mp4"),
                  "--weights", str(weights)]) == 1
     assert "latents file not found" in capsys.readouterr().err
+
+
+def test_unreadable_latents_files_read_as_image_latents_files_do(weights, tmp_path, capsys):
+    """video decode reads latents through latents_io's reader: the same one-line errors as the image commands."""
+    truncated = tmp_path / "cut.safetensors"
+    save_file({"latents": torch.randn(1, 2, 16, 3, 4)}, str(truncated))
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    assert _run(["video", "decode", str(truncated), "-o", str(tmp_path / "a.mp4"), "--weights", str(weights)]) == 1
+    err = capsys.readouterr().err
+    assert f"could not read latents file {truncated}" in err and "corrupt or truncated" in err
+    assert err.count("\n") == 1
+    wrapped = tmp_path / "wrapped.pt"
+    torch.save({"frames": torch.randn(1, 2, 16, 3, 4)}, wrapped)
+    assert _run(["video", "decode", str(wrapped), "-o", str(tmp_path / "b.mp4"), "--weights", str(weights)]) == 1
+    err = capsys.readouterr().err
+    assert "should hold a latents tensor or a dict with key 'latents', got dict" in err and err.count("\n") == 1
+    assert not (tmp_path / "a.mp4").exists() and not (tmp_path / "b.mp4").exists()
