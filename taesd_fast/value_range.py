@@ -37,14 +37,14 @@ def range_hint(low: float, high: float, expected: tuple[float, float]) -> str | 
 def warn_if_unusual_range(images: torch.Tensor, expected: tuple[float, float] = (0.0, 1.0),
                           checked: set | None = None, stacklevel: int = 4) -> None:
     """warnings.warn when `images` lie far outside `expected` (see range_hint). `checked`: the CUDA signatures
-    already checked for this model (CUDA inputs are checked once per signature; see the module docstring).
+    (with the expected range) already checked for this model (CUDA inputs are checked once per signature; see the module docstring).
     stacklevel: as warnings.warn's, counted from this function (4: the caller of TAESD.encode)."""
     if images.numel() == 0 or images.device.type == "meta" or torch.compiler.is_compiling():
         return
     if images.is_cuda:
         if torch.cuda.is_current_stream_capturing():
             return
-        key = (tuple(images.shape), images.dtype, images.device)
+        key = (tuple(images.shape), images.dtype, images.device, tuple(expected))  # [0, 1] and [-1, 1] callers apart
         if checked is not None:
             if key in checked:
                 return

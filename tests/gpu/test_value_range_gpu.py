@@ -32,3 +32,14 @@ def test_capture_is_not_broken_by_the_check():
         graphed = CUDAGraphed(model.encode, example)  # warm-up and capture of encode, with its check
         out = graphed(torch.rand(1, 3, 64, 64, device="cuda"))
     assert out.shape == (1, 32, 8, 8) and torch.isfinite(out).all()
+
+
+def test_the_diffusers_adapter_and_the_model_keep_their_checks_apart():
+    """The adapter's [-1, 1] check of a signature must not stand in for the model's own [0, 1] check of it."""
+    from taesd_fast import AutoencoderTinyFast
+
+    vae = AutoencoderTinyFast(TAESD.from_pretrained(device="cuda"))
+    with torch.no_grad():
+        vae.encode(torch.rand(1, 3, 64, 64, device="cuda") * 2 - 1)  # in range for the adapter: no warning
+        with pytest.warns(UserWarning, match="divide by 255"):
+            vae.taesd.encode(torch.rand(1, 3, 64, 64, device="cuda") * 255)
