@@ -20,7 +20,7 @@ from .layers import name_layers
 from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .taehv_layers import TAEHVArch, Preview, build_decoder, build_encoder, memory_indices, run_sequence
 from .taehv_stream import StreamState, check_video, graphed_step, replayable
-from .validation import as_float_dtype
+from .validation import as_float_dtype, check_device
 
 
 class TAEHV(nn.Module):
@@ -115,6 +115,7 @@ class TAEHV(nn.Module):
         encoder / decoder: False skips that part (a file without it loads as decoder- or encoder-only).
         Returns the model in eval mode with requires_grad off. HF_HUB_OFFLINE=1 is honoured by huggingface_hub.
         """
+        device = check_device(device)  # a clear error for CUDA on a CPU-only torch, before any download
         state, source, hint = resolve(name_or_path, variant=variant, revision=revision, cache_dir=cache_dir,
                                       local_files_only=local_files_only)
         return cls.from_state_dict(state, variant=variant, name_hint=hint, source=source, encoder=encoder,
@@ -125,7 +126,7 @@ class TAEHV(nn.Module):
                         source: str = "the state dict", encoder: bool = True, decoder: bool = True,
                         dtype=None, device=None) -> "TAEHV":
         """The model for an upstream-keyed state dict already in memory (architecture read from the tensors)."""
-        dtype = as_float_dtype(dtype)
+        dtype, device = as_float_dtype(dtype), check_device(device)
         enc, dec = split_parts(state, source)
         enc, dec = (enc if encoder else None), (dec if decoder else None)
         if enc is None and dec is None:

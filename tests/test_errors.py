@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from taesd_fast import TAESD, OutputHead
+from taesd_fast import TAEHV, TAESD, OutputHead
 from taesd_fast import hub as hub_module
 from taesd_fast.weights_io import WeightsError, to_diffusers
 
@@ -188,6 +188,8 @@ def test_cuda_on_a_cpu_only_torch_is_one_clear_error(cpu_only_torch):
         TAESD.from_pretrained(device=torch.device("cuda", 1))
     with pytest.raises(RuntimeError, match=message):  # before the checkpoint is looked for
         OutputHead.from_pretrained("/nonexistent/wan_vae.safetensors", device="cuda")
+    with pytest.raises(RuntimeError, match=message):  # before the file is looked for
+        TAEHV.from_pretrained("/nonexistent/taew2_1.safetensors", device="cuda")
 
 
 def test_cuda_build_without_a_gpu_says_so(monkeypatch):
