@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import dispatch, graphs
-from .layers import name_layers
+from .layers import conv_weights_channels_last, name_layers, preferred_layout
 from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .taehv_layers import TAEHVArch, Preview, build_decoder, build_encoder, memory_indices, run_sequence
 from .taehv_stream import StreamState, check_video, graphed_step, replayable
@@ -141,10 +141,7 @@ class TAEHV(nn.Module):
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        # channels_last convs on CUDA (cuDNN and our tensor-core kernels read it natively); keys and values unchanged.
-        for param in self.parameters():
-            if param.is_cuda and param.dim() == 4:
-                param.data = param.data.contiguous(memory_format=torch.channels_last)
+        conv_weights_channels_last(self)
         return self
 
     # ------------------------------------------------------------------------------------------ whole video
@@ -217,7 +214,7 @@ class TAEHV(nn.Module):
         if t % self.t_downscale:
             raise ValueError(f"encode_step takes a multiple of {self.t_downscale} frames (the encoder's time "
                              f"downscale), got {t}; pad with copies of the last frame")
-        x = self._layout(video.reshape(n * t, 3, h, w))
+        x = preferred_layout(video.reshape(n * t, 3, h, w))
         if self.patch_size > 1:
             x = F.pixel_unshuffle(x, self.patch_size)
         state = self._state("encoder", state, n, h, w, param)
@@ -227,7 +224,7 @@ class TAEHV(nn.Module):
     def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor):
         n, k, c, h, w = latents.shape
         state = self._state("decoder", state, n, h, w, param)
-        out = self._stream(self.decoder, self._layout(latents.reshape(n * k, c, h, w)), state, uint8=uint8)
+        out = self._stream(self.decoder, preferred_layout(latents.reshape(n * k, c, h, w)), state, uint8=uint8)
         return out.reshape(n, -1, *out.shape[1:]), state
 
     def _state(self, part: str, state: StreamState | None, n: int, h: int, w: int, param) -> StreamState:
@@ -269,10 +266,6 @@ class TAEHV(nn.Module):
         return out.mul(255).round().to(torch.uint8) if uint8 else out
 
     # ------------------------------------------------------------------------------------------ helpers
-
-    @staticmethod
-    def _layout(x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if x.is_cuda else x
 
     def _param(self, part: str) -> torch.Tensor:
         module = getattr(self, part)

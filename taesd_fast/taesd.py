@@ -10,7 +10,7 @@ import torch.nn as nn
 from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
-from .layers import name_layers
+from .layers import conv_weights_channels_last, name_layers, preferred_layout
 from .validation import as_float_dtype, check_device, check_multiple, check_tensor
 from .value_range import warn_if_unusual_range
 
@@ -114,17 +114,10 @@ class TAESD(nn.Module):
         super()._apply(fn, recurse)
         for cache in self._graph_caches.values():  # graphs hold the old weights' addresses and memory
             cache.clear()
-        # cuDNN runs TAESD's 64-channel convs ~1.5x faster channels_last (ANCHORS.md), so on CUDA the conv
-        # weights, and in encode/decode the inputs, are kept channels_last. Values and keys are unchanged.
-        for param in self.parameters():
-            if param.is_cuda and param.dim() == 4:
-                param.data = param.data.contiguous(memory_format=torch.channels_last)
+        conv_weights_channels_last(self)  # and encode/decode take their inputs channels_last (preferred_layout)
         return self
 
-    @staticmethod
-    def preferred_layout(x: torch.Tensor) -> torch.Tensor:
-        """x in the memory layout the model runs fastest with on its device (channels_last on CUDA)."""
-        return x.contiguous(memory_format=torch.channels_last) if x.is_cuda else x
+    preferred_layout = staticmethod(preferred_layout)  # x in the layout the model runs fastest with on its device
 
     def _param(self, part: str) -> torch.Tensor:
         module = getattr(self, part)
