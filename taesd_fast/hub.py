@@ -123,6 +123,39 @@ def _load_diffusers(folder: Path, load_encoder: bool, load_decoder: bool) -> Loa
                          config)
 
 
+class HubFiles:
+    """Files of one Hub repo through huggingface_hub's download and cache, for loaders that try several names.
+
+    `offline` (local_files_only, or HF_HUB_OFFLINE read at call time, so setting it after import works too) asks
+    the cache only. Once the Hub fails to answer, later files come from the cache only too (no more waiting on the
+    network), and `unreachable` keeps why, for the caller's error message. `tried` lists the names asked for."""
+
+    def __init__(self, repo_id: str, *, revision=None, cache_dir=None, local_files_only: bool = False,
+                 subfolder: str | None = None):
+        self.repo_id, self.revision, self.cache_dir, self.subfolder = repo_id, revision, cache_dir, subfolder
+        self.offline = local_files_only or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+        self.unreachable: BaseException | None = None
+        self.tried: list[str] = []
+
+    def get(self, filename: str, record: bool = True) -> Path | None:
+        """The file's local path, or None when the repo (or, offline, the cache) has no such file."""
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+        if record:
+            self.tried.append(filename)
+        try:
+            return Path(hf_hub_download(self.repo_id, filename, subfolder=self.subfolder, revision=self.revision,
+                                        cache_dir=self.cache_dir,
+                                        local_files_only=self.offline or self.unreachable is not None))
+        except LocalEntryNotFoundError as err:  # not cached, and the Hub was not asked or did not answer
+            if not self.offline and self.unreachable is None:
+                self.unreachable = err.__cause__ or err
+            return None
+        except EntryNotFoundError:  # the Hub answered: no such file in the repo
+            return None
+
+
 def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, variant: str | None = None, revision=None,
                   cache_dir=None, local_files_only: bool = False, subfolder: str | None = None) -> LoadedWeights:
     """Download (or find in the huggingface_hub cache) the files of a repo and load them.
@@ -130,54 +163,36 @@ def load_from_hub(repo_id: str, *, load_encoder: bool, load_decoder: bool, varia
     Tries the diffusers layout first, then upstream files named after `variant` or the repo. `HF_HUB_OFFLINE=1` is
     honoured by huggingface_hub itself.
     """
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
-    offline = local_files_only or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-    unreachable: BaseException | None = None
-
-    def fetch(filename: str) -> Path | None:
-        nonlocal unreachable
-        try:
-            return Path(hf_hub_download(repo_id, filename, subfolder=subfolder, revision=revision,
-                                        cache_dir=cache_dir, local_files_only=offline or unreachable is not None))
-        except LocalEntryNotFoundError as err:  # not cached, and the Hub was not asked or did not answer
-            if not offline and unreachable is None:
-                unreachable = err.__cause__ or err  # later files: the cache only, no more waiting on the network
-            return None
-        except EntryNotFoundError:  # the Hub answered: no such file in the repo
-            return None
-
-    tried: list[str] = []
-    weights = fetch(DIFFUSERS_WEIGHTS)
-    tried.append(DIFFUSERS_WEIGHTS)
+    files = HubFiles(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
+                     subfolder=subfolder)
+    weights = files.get(DIFFUSERS_WEIGHTS)
     if weights is not None:
-        fetch(DIFFUSERS_CONFIG)  # optional, validated when present
+        files.get(DIFFUSERS_CONFIG, record=False)  # optional, validated when present
         loaded = _load_diffusers(weights.parent, load_encoder, load_decoder)
         loaded.name_hint = variant_hint(repo_id)
         return loaded
     stem = variant or variant_hint(repo_id) or repo_id.split("/")[-1].lower()
     for enc_name, dec_name in _upstream_file_candidates(stem):
-        enc = fetch(enc_name) if load_encoder else None
-        dec = fetch(dec_name) if load_decoder else None
-        tried += [n for n, want in ((enc_name, load_encoder), (dec_name, load_decoder)) if want]
+        enc = files.get(enc_name) if load_encoder else None
+        dec = files.get(dec_name) if load_decoder else None
         if (enc or not load_encoder) and (dec or not load_decoder):
             loaded = load_from_files(enc, dec)
             loaded.name_hint = variant_hint(repo_id)
             return loaded
     repo = (f"repo '{repo_id}'" + (f" (subfolder '{subfolder}')" if subfolder else "")
             + (f" at revision '{revision}'" if revision else ""))
+    tried, unreachable = ", ".join(files.tried), files.unreachable
     if unreachable is not None:
         raise FileNotFoundError(
             f"could not reach the Hugging Face Hub for {repo} ({type(unreachable).__name__}: "
             f"{reader_reason(unreachable)}), and the "
-            f"local huggingface_hub cache has no TAESD weights for it; tried: {', '.join(tried)}. Check the network, "
+            f"local huggingface_hub cache has no TAESD weights for it; tried: {tried}. Check the network, "
             "or set HF_HUB_OFFLINE=1 to use only cached files, or pass local paths."
         )
-    where = "in the local huggingface_hub cache (offline mode)" if offline else "on the Hub or in the local cache"
+    where = "in the local huggingface_hub cache (offline mode)" if files.offline else "on the Hub or in the local cache"
     raise FileNotFoundError(
-        f"could not find TAESD weights for {repo} {where}; tried: {', '.join(tried)}."
-        + (" Download them once while online, or pass local paths." if offline else "")
+        f"could not find TAESD weights for {repo} {where}; tried: {tried}."
+        + (" Download them once while online, or pass local paths." if files.offline else "")
     )
 
 

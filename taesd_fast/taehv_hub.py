@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .hub import require_repo_id
+from .hub import HubFiles, require_repo_id
 from .taehv_layers import ENCODER_WIDTH, IMAGE_CHANNELS, TAEHVArch, build_decoder, build_encoder
 from .weights_io import StateDict, WeightsError, read_state_dict, reader_reason
 
@@ -219,25 +219,14 @@ def _from_folder(folder: Path, variant: str | None) -> tuple[StateDict, str, str
 
 def _from_hub(repo_id: str, variant: str, revision, cache_dir, local_files_only: bool):
     """The first of FILE_PATTERNS present in the repo (or, offline, in the huggingface_hub cache)."""
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
-    tried, unreachable = [], None
-    offline = local_files_only or constants.HF_HUB_OFFLINE  # huggingface_hub's reading of HF_HUB_OFFLINE
+    files = HubFiles(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only)
     for pattern in FILE_PATTERNS:
         filename = pattern.format(v=variant)
-        tried.append(filename)
-        try:
-            path = hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir,
-                                   local_files_only=offline or unreachable is not None)
-        except LocalEntryNotFoundError as err:  # not cached, and the Hub not asked (offline) or not answering
-            if not offline and unreachable is None:
-                unreachable = err.__cause__ or err
-            continue
-        except EntryNotFoundError:  # the Hub answered: no such file
-            continue
-        return read_state_dict(path), f"{repo_id}/{filename}", variant
+        path = files.get(filename)
+        if path is not None:
+            return read_state_dict(path), f"{repo_id}/{filename}", variant
     where = f"repo '{repo_id}'" + (f" at revision '{revision}'" if revision else "")
+    tried, unreachable, offline = files.tried, files.unreachable, files.offline
     if unreachable is not None:
         raise FileNotFoundError(f"could not reach the Hugging Face Hub for {where} ({type(unreachable).__name__}: "
                                 f"{reader_reason(unreachable)}) and the local cache has none of {', '.join(tried)}; "
