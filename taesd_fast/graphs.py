@@ -1,8 +1,8 @@
 """Whole-call CUDA graphs: at small batches (live previews, B=1) launch gaps dominate, and one graph replay
 removes them (on the H200, TAESD decode 256² B=1: 2.9 ms eagerly, 0.235 ms as a replay of tuned kernels).
 
-A capture holds `dispatch.gpu_lock`, so the background tuner issues no GPU work inside it, and records the dispatch
-generation it ran under: when tuning has since changed decisions, GraphCache captures that call again."""
+A capture records the dispatch generation it ran under: when tuning has since changed decisions, GraphCache captures
+that call again. Tuning runs in its own process, so nothing of ours issues GPU work beside a capture."""
 
 from __future__ import annotations
 
@@ -44,20 +44,18 @@ def parameters_of(module: nn.Module) -> list:
     return params
 
 
-def capture(fn: Callable[[], torch.Tensor], wait: bool = True):
+def capture(fn: Callable[[], torch.Tensor]):
     """Capture fn() in a CUDA graph after a side-stream warm-up (as capture requires; the warm-up also lets the
     dispatcher decide for graph replays, `dispatch.graph_timing`, and load its kernels).
     Returns (replay, output): replaying rewrites `output` in place. fn must read its inputs from the same buffers
     every call.
 
     The capture uses "thread_local" mode: only this thread is barred from unsafe CUDA calls while it captures, so
-    another thread's eager work (a data loader copying on a side stream) does not make it fail. The tuner, whose
-    synchronizes would still invalidate it, is kept out by `dispatch.gpu_lock`, held here throughout.
-    wait=False: raise dispatch.GpuBusy at once if a tuning step holds the lock, instead of waiting for the step."""
+    another thread's eager work (a data loader copying on a side stream) does not make it fail."""
     global _capturing
     _capturing += 1
     try:
-        return _capture(fn, wait)
+        return _capture(fn)
     finally:
         _capturing -= 1
 
@@ -65,8 +63,8 @@ def capture(fn: Callable[[], torch.Tensor], wait: bool = True):
 _capturing = 0  # > 0 inside capture(): a GraphCache there runs eagerly (its caller is being captured already)
 
 
-def _capture(fn: Callable[[], torch.Tensor], wait: bool):
-    with dispatch.measure.capture_turn(wait), dispatch.graph_timing():
+def _capture(fn: Callable[[], torch.Tensor]):
+    with dispatch.graph_timing():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -93,13 +91,13 @@ class CUDAGraphed:
     Returns a new tensor each call (the graph's own output buffer is overwritten by the next replay).
     """
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor, wait: bool = True):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor):
         if not (isinstance(example, torch.Tensor) and example.is_cuda):
             raise ValueError("CUDAGraphed needs an example CUDA tensor (CUDA graphs run on the GPU only)")
         self.generation = dispatch.generation()  # read before the warm-up decides: a later change makes it stale
         self._input = example.clone()
         with torch.no_grad():
-            self._replay, self._output = capture(lambda: fn(self._input), wait)
+            self._replay, self._output = capture(lambda: fn(self._input))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         want = self._input
@@ -130,10 +128,10 @@ def signature(x: torch.Tensor, params: list, *extra) -> tuple:
 
 
 def eager_before_capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """An eager call of a signature that is to be replayed. In background tuning it decides as the replay will
-    (graph_timing): calls the tuner has not timed yet run PyTorch either way, and what it queues are the specs
-    the replays run, so tuning spends its time on those."""
-    if dispatch.get_tuning() == "background":
+    """An eager call of a signature that is to be replayed. In subprocess tuning it decides as the replay will
+    (graph_timing): calls not timed yet run PyTorch either way, and what it sends to the tuning process are the
+    specs the replays run, so tuning spends its time on those."""
+    if dispatch.get_tuning() == "subprocess":
         with dispatch.graph_timing():
             return fn(x)
     return fn(x)
@@ -146,11 +144,9 @@ class GraphCache:
     A graph bakes in the addresses of the weights and its own memory, so the signature holds the input's shape,
     dtype, device and strides, the dispatch mode, and each parameter's address and version: moving the model,
     changing its dtype or loading new weights in place makes the next call eager and the one after capture anew.
-    A graph also bakes in the dispatch decisions: when background tuning has changed them since the capture
-    (`dispatch.generation()` moved), the next call with that signature captures again at once, so the tuned
-    kernels replace cuDNN in the replay without any action from the user. In background tuning a capture does not
-    wait for the tuner's current step: if the GPU is busy with one, the call runs eagerly and a later call captures;
-    such eager calls decide as the replay will, so the tuner tunes what the replays run.
+    A graph also bakes in the dispatch decisions: each call first picks up what the tuning process has answered
+    (`dispatch.poll`), and when that changed decisions since the capture (`dispatch.generation()` moved), the call
+    captures again at once, so the tuned kernels replace cuDNN in the replay without any action from the user.
     The `max_graphs` most recently used graphs are kept (each holds its own memory pool). A signature whose capture
     fails (an op that cannot be captured, out of memory) stays eager, with one warning."""
 
@@ -187,6 +183,7 @@ class GraphCache:
         return self._call(fn, x, params)
 
     def _call(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
+        dispatch.poll()
         key = signature(x, params)
         graphed = self._graphs.get(key)
         if graphed is not None and graphed.generation == dispatch.generation():
@@ -201,12 +198,8 @@ class GraphCache:
             if len(self._seen) > 64:
                 self._seen.popitem(last=False)
             return eager_before_capture(fn, x)
-        background = dispatch.get_tuning() == "background"
         try:
-            graphed = CUDAGraphed(fn, x, wait=not background)
-        except dispatch.GpuBusy:  # the tuner is mid-step: eager now, capture on a later call
-            self._seen[key] = None
-            return eager_before_capture(fn, x)
+            graphed = CUDAGraphed(fn, x)
         except Exception as e:  # noqa: BLE001 - any capture problem: this signature stays eager
             self._failed.add(key)
             warnings.warn(f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "

@@ -307,11 +307,13 @@ def _warm_up(model: TAESD, batch_sizes: set[int], size: int, encode: bool) -> No
     that TAESD makes on the second call of a shape. Only worth it on a GPU."""
     param = next(model.parameters())
     side = size // model.downscale
+    gen = torch.Generator(param.device).manual_seed(0)  # the caller's RNG stays untouched
     with torch.inference_mode():
         for n in [n for n in sorted(batch_sizes) for _ in range(2)]:
             if encode:
-                model.encode(torch.rand(n, 3, size, size, device=param.device, dtype=param.dtype))
-            model.decode(torch.randn(n, model.latent_channels, side, side, device=param.device, dtype=param.dtype))
+                model.encode(torch.rand(n, 3, size, size, generator=gen, device=param.device, dtype=param.dtype))
+            model.decode(torch.randn(n, model.latent_channels, side, side, generator=gen, device=param.device,
+                                     dtype=param.dtype))
     _synchronize(param.device)
 
 

@@ -142,6 +142,7 @@ class TAEHV(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         conv_weights_channels_last(self)
+        dispatch.prepare(self)
         return self
 
     # ------------------------------------------------------------------------------------------ whole video

@@ -38,9 +38,11 @@ def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -
     and writes the state's own memory tensors, so a replay continues the stream with no copies; capturing runs the
     step twice to warm up, which changes that memory, so it is saved and put back before the real step. The key
     holds what the graph bakes in (`graphs.signature`: shape, strides, dispatch mode, the weights' addresses and
-    versions; and `tag`, e.g. the uint8 output flag): a change runs eagerly once and then captures anew. When background tuning has
-    changed decisions since the capture, the next step captures again with the tuned kernels. While a tuning step
-    holds the GPU, or where capture fails (with one warning), the step runs eagerly. Returns a fresh tensor."""
+    versions; and `tag`, e.g. the uint8 output flag): a change runs eagerly once and then captures anew. Each step
+    first picks up what the tuning process has answered (`dispatch.poll`); when that changed decisions since the
+    capture, the step captures again with the tuned kernels. Where capture fails (with one warning), the step runs
+    eagerly. Returns a fresh tensor."""
+    dispatch.poll()
     key = graphs.signature(x, params, tag)
     graph = state._graph
     if graph is not None and graph.key == key and graph.generation == dispatch.generation():
@@ -56,15 +58,13 @@ def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -
     static = x.clone()
     generation = dispatch.generation()  # read before the warm-up decides: a later change makes the graph stale
     try:
-        replay, output = graphs.capture(lambda: step(static), wait=dispatch.get_tuning() != "background")
-    except Exception as err:  # noqa: BLE001 - a busy GPU or a failed capture: this step runs eagerly
+        replay, output = graphs.capture(lambda: step(static))
+    except Exception as err:  # noqa: BLE001 - a failed capture: this stream's steps run eagerly
         for m, s in zip(state.memory, saved):
             m.copy_(s)
-        if not isinstance(err, dispatch.GpuBusy):
-            state._failed = key
-            warnings.warn(f"taesd_fast: CUDA-graph capture of a TAEHV step failed for input {tuple(x.shape)} "
-                          f"({type(err).__name__}: {err}); this stream's steps stay eager", RuntimeWarning,
-                          stacklevel=3)
+        state._failed = key
+        warnings.warn(f"taesd_fast: CUDA-graph capture of a TAEHV step failed for input {tuple(x.shape)} "
+                      f"({type(err).__name__}: {err}); this stream's steps stay eager", RuntimeWarning, stacklevel=3)
         return graphs.eager_before_capture(step, x)
     for m, s in zip(state.memory, saved):
         m.copy_(s)

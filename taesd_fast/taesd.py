@@ -7,7 +7,7 @@ import os
 import torch
 import torch.nn as nn
 
-from . import hub
+from . import dispatch, hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
 from .layers import conv_weights_channels_last, name_layers, preferred_layout
@@ -91,6 +91,7 @@ class TAESD(nn.Module):
         """The model for state dicts already read (hub.resolve, or converted from another library's module)."""
         dtype = as_float_dtype(dtype)
         device = check_device(device)  # a clear error for CUDA on a CPU-only torch, before any work
+        dispatch.prepare(device)  # kernel modules import in the background while the model loads
         arch = hub.detect_architecture(loaded)
         name = hub.check_variant(arch, variant, loaded)
         model = cls(name, encoder=loaded.encoder is not None, decoder=loaded.decoder is not None)
@@ -115,6 +116,7 @@ class TAESD(nn.Module):
         for cache in self._graph_caches.values():  # graphs hold the old weights' addresses and memory
             cache.clear()
         conv_weights_channels_last(self)  # and encode/decode take their inputs channels_last (preferred_layout)
+        dispatch.prepare(self)
         return self
 
     preferred_layout = staticmethod(preferred_layout)  # x in the layout the model runs fastest with on its device
@@ -240,7 +242,8 @@ class TAESD(nn.Module):
                     inputs = (shape[0], self.latent_channels, shape[1] // self.downscale, shape[2] // self.downscale)
                 else:
                     inputs = (shape[0], 3, shape[1], shape[2])
-                x = torch.rand(inputs, device=param.device, dtype=param.dtype)
+                gen = torch.Generator(param.device).manual_seed(0)  # the caller's RNG stays untouched
+                x = torch.rand(inputs, generator=gen, device=param.device, dtype=param.dtype)
                 call = self.encode if name == "encoder" else self.decode
                 with dispatch.tuning("blocking"), torch.no_grad():
                     call(x)

@@ -41,22 +41,22 @@ def time_ms(fn, reps: int = 15, target_ms: float = 4.0) -> float:
     return statistics.median(times)
 
 
-def capture_calls(fn: Callable[[], object], n: int = 1, warmup: int = 0) -> Callable[[], None]:
+def capture_calls(fn: Callable[[], object], n: int = 1, warmup: int = 0, pool=None) -> Callable[[], None]:
     """n calls of fn() captured back to back in one CUDA graph, on the current stream's device; returns the
     graph's replay. `warmup` eager calls on a side stream first (capture needs them for anything that allocates
-    or loads on first use).
+    or loads on first use). `pool`: a `torch.cuda.graph_pool_handle()` shared with other captures whose outputs
+    are never read, so their memory is reused instead of each graph holding its own.
 
     The capture runs on a private stream in "thread_local" mode: only this thread is barred from unsafe calls
-    (allocations, synchronizes), so other threads' eager work neither fails nor breaks it. Unlike
-    `torch.cuda.graph(...)` it does not synchronize the device or empty the allocator's cache first, which would
-    wait for (or disturb) other threads' work."""
+    (allocations, synchronizes). Unlike `torch.cuda.graph(...)` it does not synchronize the device or empty the
+    allocator's cache first."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             fn()
-        graph.capture_begin(capture_error_mode="thread_local")
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             for _ in range(n):
                 fn()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,17 @@ def isolated_dispatch(tmp_path, monkeypatch):
     dispatch.clear_cache()
     dispatch.set_backend("auto")
     dispatch.set_tuning(None)
+
+
+def process_gone(pid: int, timeout: float) -> bool:
+    """Whether process pid has exited within `timeout` s (a zombie, exited but not yet reaped, counts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False

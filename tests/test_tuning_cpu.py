@@ -1,70 +1,46 @@
-"""Background, blocking and off tuning, driven on the CPU: a fake kernel row that runs on CPU tensors and a fake,
-deterministic measure function stand in for the GPU kernels and their timing (the GPU tests time real ones)."""
+"""Subprocess, blocking and off tuning, driven on the CPU: a fake kernel row that runs on CPU tensors and a fake,
+deterministic measure function (tests/tuning_fakes.py) stand in for the GPU kernels and their timing, in this
+process and in the real tuning process, which the tests start through the real protocol (the GPU tests time real
+kernels)."""
 
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import tuning_fakes
+from conftest import process_gone
 from taesd_fast import dispatch, graphs
-from taesd_fast.dispatch import decide, measure, store, table, tuner
+from taesd_fast.dispatch import decide, measure, spec as spec_mod, store, table, tuner
 
 pytestmark = pytest.mark.usefixtures("isolated_dispatch")
-
-
-def _fake_kernel_conv(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False):
-    """A correct conv computed another way (float64), so a test can tell which row ran: it logs each call."""
-    FAKE_CALLS.append(tuple(x.shape))
-    y = F.conv2d(x.double(), w.double(), None if b is None else b.double(), stride=stride, padding=w.shape[-1] // 2)
-    if residual is not None:
-        y = y + residual.double()
-    return (torch.relu(y) if relu else y).to(x.dtype)
-
-
-FAKE_CALLS: list = []
-
-
-class FakeMeasure:
-    """time_candidates stand-in: the fake kernel is twice as fast as PyTorch; optionally blocks until released."""
-
-    def __init__(self, block: bool = False, fail: bool = False):
-        self.release = threading.Event()
-        if not block:
-            self.release.set()
-        self.fail = fail
-        self.calls = []  # (spec, graph, thread name)
-        self.started = threading.Event()
-
-    def __call__(self, rows, spec, meta, graph, reps=measure.REPS, progress=False):
-        self.calls.append((spec, graph, threading.current_thread().name))
-        self.metas = getattr(self, "metas", []) + [meta]
-        self.started.set()
-        assert self.release.wait(30), "test never released the fake measure"
-        if self.fail:
-            raise RuntimeError("kernel build exploded")
-        return {r.name: (1.0 if r.name == "torch" else 0.5) for r in rows}, {}
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def fake_kernel(monkeypatch):
-    """The conv2d table reduced to PyTorch plus one fake kernel row that runs on CPU tensors."""
-    FAKE_CALLS.clear()
-    rows = [table.row("conv2d", "torch"),
-            table.Row("fake", "conv2d", _fake_kernel_conv, devices=("cpu",), nvrtc=False, layouts=("nchw",))]
-    monkeypatch.setattr(table, "ROWS", rows + [r for r in table.ROWS if r.kind != "conv2d"])
-    yield
+def fake_kernel(monkeypatch, tmp_path):
+    """The conv2d table reduced to PyTorch plus the fake row, here and in the tuning process; subprocess tuning."""
+    tuning_fakes.CALLS.clear()
+    monkeypatch.setattr(table, "ROWS", tuning_fakes.rows() + [r for r in table.ROWS if r.kind != "conv2d"])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TAESD_FAST_TUNER_SETUP", "tuning_fakes:install")
+    monkeypatch.setenv("FAKE_TUNING_LOG", str(tmp_path / "timings.log"))
+    monkeypatch.setattr(tuner, "_warned", False)
+    dispatch.set_tuning("subprocess")
+    yield tmp_path / "timings.log"
     dispatch.wait_for_tuning(timeout=30)
-
-
-def _install(monkeypatch, fake: FakeMeasure) -> FakeMeasure:
-    monkeypatch.setattr(measure, "time_candidates", fake)
-    return fake
 
 
 def _conv(x, w, b):
@@ -80,83 +56,91 @@ def _reference(x, w, b):
     return torch.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1))
 
 
-def test_background_miss_runs_pytorch_at_once_then_the_tuned_kernel(fake_kernel, monkeypatch):
-    fake = _install(monkeypatch, FakeMeasure(block=True))
-    dispatch.set_tuning("background")
+def _torch_row(x, w, b):
+    return torch.relu(F.conv2d(x, w, b, padding=1))
+
+
+def test_a_miss_runs_pytorch_at_once_and_the_tuning_process_times_it(fake_kernel, monkeypatch):
+    monkeypatch.setenv("FAKE_TUNING_SLEEP", "1.0")
     x, w, b = _data()
     generation = dispatch.generation()
-    try:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            y = _conv(x, w, b)
-        assert time.perf_counter() - t0 < 5  # did not wait for the (blocked) tuner
-        assert torch.equal(y, torch.relu(F.conv2d(x, w, b, padding=1)))  # exactly the PyTorch row
-        assert FAKE_CALLS == []
-        assert fake.started.wait(10) and fake.calls[0][2] == "taesd_fast-tuner"
-        status = dispatch.tuning_status()
-        assert status.pending == 1 and status.done == 0
-        assert not dispatch.wait_for_tuning(timeout=0.05)  # still measuring
-    finally:
-        fake.release.set()
-    assert dispatch.wait_for_tuning(timeout=10)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        y = _conv(x, w, b)
+    assert time.perf_counter() - t0 < 1.0  # did not wait for the tuning process
+    assert torch.equal(y, _torch_row(x, w, b)) and tuning_fakes.CALLS == []
+    status = dispatch.tuning_status()
+    assert status.pending == 1 and status.done == 0
+    (pid,) = status.processes
+    assert pid != os.getpid()
+    assert not dispatch.wait_for_tuning(timeout=0.05)  # still timing
+    assert dispatch.wait_for_tuning(timeout=60)
     status = dispatch.tuning_status()
     assert status.pending == 0 and status.done == 1 and status.last_error is None
     assert dispatch.generation() == generation + 1  # the decision changed
     with torch.no_grad():
         y2 = _conv(x, w, b)
-    assert FAKE_CALLS == [tuple(x.shape)]
+    assert tuning_fakes.CALLS == [tuple(x.shape)]
     torch.testing.assert_close(y2.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
-    # the timings went to the file, keyed like any other (device name "cpu" for CPU calls)
+    (line,) = fake_kernel.read_text().splitlines()  # timed once, in the tuning process
+    assert line == f"2x4x9x7 0 {pid}"
+    # the tuning process wrote the timings to the file, keyed like any other (device "cpu" for CPU calls)
     saved = store.read_json(store.timings_path())
     ((key, entry),) = saved.items()
     assert key.startswith("cpu|") and entry == {"ms": {"torch": 1.0, "fake": 0.5}}
+    assert process_gone(pid, 10)  # its queue is empty: it exits
 
 
-def test_the_tuner_is_given_metadata_never_the_callers_tensors(fake_kernel, monkeypatch):
-    fake = _install(monkeypatch, FakeMeasure(block=True))
-    dispatch.set_tuning("background")
+def test_the_tuning_process_is_sent_metadata_never_the_callers_tensors(fake_kernel, monkeypatch):
+    monkeypatch.setenv("FAKE_TUNING_SLEEP", "0.5")
     x, w, b = _data(1)
     alive = weakref.ref(x)
-    try:
-        with torch.no_grad():
-            _conv(x, w, b)
-        assert fake.started.wait(10)
-        del x
-        gc.collect()
-        assert alive() is None  # the queued/running job keeps no reference to the input
-        assert not any(isinstance(a, torch.Tensor) for a in fake.metas[0])
-        assert fake.metas[0][0] == dispatch.spec.TensorMeta((2, 4, 9, 7), (252, 63, 7, 1), torch.float32, "cpu")
-    finally:
-        fake.release.set()
+    with torch.no_grad():
+        _conv(x, w, b)
+    del x
+    gc.collect()
+    assert alive() is None  # the job keeps no reference to the input
+    ((job),) = [j for worker in tuner._workers.values() for j in worker.jobs.values()]
+    assert not any(isinstance(a, torch.Tensor) for a in job.meta)
+    assert job.meta[0] == spec_mod.TensorMeta((2, 4, 9, 7), (252, 63, 7, 1), torch.float32, "cpu")
 
 
-def test_graph_replayed_specs_are_tuned_first(fake_kernel, monkeypatch):
-    fake = _install(monkeypatch, FakeMeasure(block=True))
-    dispatch.set_tuning("background")
+def test_spec_and_metadata_survive_the_trip_as_json():
+    import json
+
+    spec = decide.Spec("conv2d", "cuda:1", (2, 64, 9, 7), (64, 64, 3, 3), torch.bfloat16, 1, True, True, False,
+                       "channels_last", 2, True, 0)
+    meta = (spec_mod.TensorMeta((2, 64, 9, 7), (4032, 1, 448, 64), torch.bfloat16, "cuda:1"), None, 1, True, 1e-6)
+    assert spec_mod.spec_from_json(json.loads(json.dumps(spec_mod.spec_to_json(spec)))) == spec
+    assert spec_mod.meta_from_json(json.loads(json.dumps(spec_mod.meta_to_json(meta)))) == meta
+
+
+def test_graph_replayed_specs_are_timed_first(fake_kernel, monkeypatch):
+    monkeypatch.setenv("FAKE_TUNING_SLEEP", "0.7")
     shapes = [(1, 4, 6, 6), (1, 4, 8, 8), (1, 4, 10, 10)]
-    try:
-        with torch.no_grad():
-            _conv(*_data(0, shapes[0]))  # eager: starts the tuner, which blocks on it
-            assert fake.started.wait(10)
-            _conv(*_data(0, shapes[1]))  # eager, queued
-            with dispatch.graph_timing():
-                _conv(*_data(0, shapes[2]))  # for a graph: queued behind, tuned before shapes[1]
-    finally:
-        fake.release.set()
-    assert dispatch.wait_for_tuning(timeout=10)
-    assert [(c[0].x_shape, c[1]) for c in fake.calls] == [(shapes[0], False), (shapes[2], True), (shapes[1], False)]
+    with torch.no_grad():
+        _conv(*_data(0, shapes[0]))  # eager: starts the tuning process, which times it first
+        deadline = time.monotonic() + 60
+        while not (fake_kernel.exists() and fake_kernel.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the process has started timing it
+        _conv(*_data(0, shapes[1]))  # eager, queued
+        with dispatch.graph_timing():
+            _conv(*_data(0, shapes[2]))  # for a graph: queued behind, timed before shapes[1]
+    assert dispatch.wait_for_tuning(timeout=60)
+    order = [line.split()[:2] for line in fake_kernel.read_text().splitlines()]
+    assert order == [["1x4x6x6", "0"], ["1x4x10x10", "1"], ["1x4x8x8", "0"]]
     assert dispatch.tuning_status().done == 3
 
 
 def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, monkeypatch):
-    """The whole path: a call's graph is captured with PyTorch while tuning runs; when the tuner publishes, the
-    next call captures again and the new graph runs the tuned kernel. Capture is faked (CI has no GPU)."""
-    fake = _install(monkeypatch, FakeMeasure(block=True))
-    dispatch.set_tuning("background")
+    """The whole path: a call's graph is captured with PyTorch while the tuning process works; once it has
+    answered, the next call picks the answer up and captures again, now with the tuned kernel. Capture is faked
+    (CI has no GPU)."""
+    monkeypatch.setenv("FAKE_TUNING_SLEEP", "1.0")
     captures = []
 
     class Captured:
-        def __init__(self, fn, example, wait=True):
+        def __init__(self, fn, example):
             self.generation = dispatch.generation()
             with dispatch.graph_timing():  # as graphs.capture decides
                 fn(example)
@@ -172,136 +156,224 @@ def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, 
     cache = graphs.GraphCache()
     x, w, b = _data(2)
     fn = lambda t: _conv(t, w, b)  # noqa: E731
-    try:
-        with torch.no_grad():
-            cache(fn, x, [])  # eager
-            cache(fn, x, [])  # captured: PyTorch, while the graph-replay spec is tuned
-            cache(fn, x, [])  # replay
-        assert FAKE_CALLS == [] and len(captures) == 1
-    finally:
-        fake.release.set()
-    assert dispatch.wait_for_tuning(timeout=10)
-    assert [c[1] for c in fake.calls] == [True]  # only what the replays run: the eager first call decided as they do
     with torch.no_grad():
-        y = cache(fn, x, [])  # the generation moved: captured again at once, now with the fake kernel
-    assert len(captures) == 2 and captures[1] == dispatch.generation() and FAKE_CALLS
+        cache(fn, x, [])  # eager
+        cache(fn, x, [])  # captured: PyTorch, while the graph-replay spec is timed
+        cache(fn, x, [])  # replay
+    assert tuning_fakes.CALLS == [] and len(captures) == 1
+    deadline = time.monotonic() + 60
+    while dispatch.tuning_status().pending and not tuner.results and time.monotonic() < deadline:
+        time.sleep(0.05)  # answered, not yet picked up: the next call does that
+    assert [line.split()[1] for line in fake_kernel.read_text().splitlines()] == ["1"]  # what the replays run
+    with torch.no_grad():
+        y = cache(fn, x, [])  # picks up the answer; the generation moved: captured again at once
+    assert len(captures) == 2 and captures[1] == dispatch.generation() and tuning_fakes.CALLS
     torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
-    FAKE_CALLS.clear()
+    tuning_fakes.CALLS.clear()
     with torch.no_grad():
         cache(fn, x, [])
-    assert len(captures) == 2 and FAKE_CALLS == [tuple(x.shape)]  # a replay of the new graph
+    assert len(captures) == 2 and tuning_fakes.CALLS == [tuple(x.shape)]  # a replay of the new graph
 
 
-def test_off_mode_never_times_but_uses_stored_timings(fake_kernel, monkeypatch):
-    fake = _install(monkeypatch, FakeMeasure())
+def test_stored_timings_decide_without_a_tuning_process(fake_kernel):
+    """A second process on the same caches: the first call already runs the tuned row, and no process starts."""
+    x, w, b = _data(3)
+    spec = spec_mod.spec_of(spec_mod.call_key("conv2d", x, w, b, 1, None, True))
+    store.put(spec.key("cpu"), {"torch": 1.0, "fake": 0.5}, {})
+    dispatch.clear_cache()  # forget the copy in memory: the file is read again
+    with torch.no_grad():
+        y = _conv(x, w, b)
+    assert tuning_fakes.CALLS == [tuple(x.shape)] and dispatch.tuning_status().processes == []
+    torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
+
+
+def test_a_row_that_failed_in_tuning_is_not_tuned_again_by_the_next_process(fake_kernel, monkeypatch):
+    monkeypatch.setenv("FAKE_TUNING_ROW_OOM", "1")
+    x, w, b = _data(8)
+    with torch.no_grad():
+        _conv(x, w, b)
+    assert dispatch.wait_for_tuning(timeout=60)
+    ((key, entry),) = store.read_json(store.timings_path()).items()
+    assert entry == {"ms": {"torch": 1.0}, "failed": {"fake": "failed: OutOfMemoryError: CUDA out of memory"}}
+    for pid in dispatch.tuning_status().processes:
+        assert process_gone(pid, 10)
+    dispatch.clear_cache()  # as a new process: only the file is left
+    with torch.no_grad():
+        y = _conv(x, w, b)
+    assert dispatch.tuning_status().processes == [] and dispatch.tuning_status().pending == 0
+    assert torch.equal(y, _torch_row(x, w, b))
+    (rec,) = [r for r in decide.state.decided.values()]
+    assert rec.choice == "torch" and "OutOfMemoryError" in rec.skipped["fake"]
+
+
+def test_off_mode_never_times_but_uses_stored_timings(fake_kernel):
     x, w, b = _data(3)
     with dispatch.tuning("off"), torch.no_grad():
         y = _conv(x, w, b)
-        assert torch.equal(y, torch.relu(F.conv2d(x, w, b, padding=1))) and FAKE_CALLS == []
-        assert dispatch.tuning_status().pending == 0 and fake.calls == []
+        assert torch.equal(y, _torch_row(x, w, b)) and tuning_fakes.CALLS == []
+        assert dispatch.tuning_status().pending == 0 and dispatch.tuning_status().processes == []
         (rec,) = [r for r in decide.state.decided.values()]
         assert rec.choice == "torch" and rec.why == "not timed (tuning off)"
-        spec = rec.spec
-        store.put(spec.key("cpu"), {"torch": 1.0, "fake": 0.5}, {})  # as a tuning run on this machine left them
+        store.put(rec.spec.key("cpu"), {"torch": 1.0, "fake": 0.5}, {})  # as a tuning run on this machine left them
         dispatch.clear_cache()
         _conv(x, w, b)
-    assert FAKE_CALLS == [tuple(x.shape)] and fake.calls == []
+    assert tuning_fakes.CALLS == [tuple(x.shape)]
 
 
 def test_blocking_mode_times_in_the_calling_thread(fake_kernel, monkeypatch):
-    fake = _install(monkeypatch, FakeMeasure())
+    calls = []
+
+    def fake(rows, spec, meta, graph, reps=7, progress=False, threads=1):
+        calls.append(threading.current_thread().name)
+        return tuning_fakes.fake_time_candidates(rows, spec, meta, graph)
+
+    monkeypatch.setattr(measure, "time_candidates", fake)
     x, w, b = _data(4)
     generation = dispatch.generation()
     with dispatch.tuning("blocking"), torch.no_grad():
         y = _conv(x, w, b)
-    assert [c[2] for c in fake.calls] == [threading.current_thread().name]
-    assert FAKE_CALLS == [tuple(x.shape)] and dispatch.generation() == generation
+    assert calls == [threading.current_thread().name] and dispatch.tuning_status().processes == []
+    assert tuning_fakes.CALLS == [tuple(x.shape)] and dispatch.generation() == generation
     torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
     ((_, rec),) = [(k, r) for k, r in decide.state.decided.items()]
     assert rec.why == "measured" and rec.ms == {"torch": 1.0, "fake": 0.5}
 
 
-def _call_in_thread(fn, timeout=10.0):
-    """Run fn in a thread; returns (finished in time, result)."""
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("y", fn()), daemon=True)
-    t.start()
-    t.join(timeout)
-    return not t.is_alive(), out.get("y")
-
-
-def test_no_decision_waits_behind_a_measurement(fake_kernel, monkeypatch):
-    """While one call's candidates are being measured (blocked here on an Event), other calls decide: a stored
-    spec, a spec in off mode, and a new spec queued to the background tuner. None waits for the measurement."""
-    fake = _install(monkeypatch, FakeMeasure(block=True))
-    a, b_, c = _data(5, (1, 4, 6, 6)), _data(5, (1, 4, 7, 7)), _data(5, (1, 4, 8, 8))
-    probe = decide.Spec("conv2d", "cpu", (1, 4, 7, 7), (5, 4, 3, 3), torch.float32, 1, True, False, True, "nchw")
-    store.put(probe.key("cpu"), {"torch": 1.0, "fake": 0.5}, {})
-
-    def blocking_call():
-        with dispatch.tuning("blocking"), torch.no_grad():
-            return _conv(*a)
-
-    t = threading.Thread(target=blocking_call, daemon=True)
-    try:
-        t.start()
-        assert fake.started.wait(10)  # thread t is inside the measurement now
-        with torch.no_grad():
-            done, y = _call_in_thread(lambda: _conv(*b_))  # stored timings: decided without measuring
-            assert done and FAKE_CALLS == [(1, 4, 7, 7)]
-            with dispatch.tuning("background"):
-                done, y = _call_in_thread(lambda: _conv(*c))  # queued to the tuner, runs PyTorch now
-            assert done and torch.equal(y, torch.relu(F.conv2d(c[0], c[1], c[2], padding=1)))
-    finally:
-        fake.release.set()
-    t.join(10)
-    assert not t.is_alive()
-    assert dispatch.wait_for_tuning(timeout=10)
-
-
-def test_a_failing_tuner_warns_once_and_calls_keep_running_pytorch(fake_kernel, monkeypatch):
-    _install(monkeypatch, FakeMeasure(fail=True))
-    monkeypatch.setattr(tuner, "_warned", False)
-    dispatch.set_tuning("background")
+@pytest.mark.parametrize("how,expect", [("FAKE_TUNING_FAIL", "RuntimeError: kernel build exploded"),
+                                        ("FAKE_TUNING_CRASH", "exited with code 3")])
+def test_a_failing_or_crashing_tuning_process_warns_once_and_calls_keep_running_pytorch(fake_kernel, monkeypatch,
+                                                                                        how, expect):
+    monkeypatch.setenv(how, "3" if how == "FAKE_TUNING_CRASH" else "1")
     x, w, b = _data(6)
     generation = dispatch.generation()
-    with pytest.warns(RuntimeWarning, match="background tuning failed.*kernel build exploded"):
+    with pytest.warns(RuntimeWarning, match=f"tuning failed.*{expect}"):
         with torch.no_grad():
             _conv(x, w, b)
-        assert dispatch.wait_for_tuning(timeout=10)
+            _conv(*_data(6, (1, 4, 5, 5)))  # a second failure: no second warning (pytest.warns counts them below)
+        assert dispatch.wait_for_tuning(timeout=60)
     status = dispatch.tuning_status()
-    assert "RuntimeError: kernel build exploded" in status.last_error and status.done == 1
+    assert expect in status.last_error and status.done == 2
     assert dispatch.generation() == generation  # nothing changed: graphs are not captured again
     with torch.no_grad():
         y = _conv(x, w, b)
-    assert FAKE_CALLS == [] and torch.equal(y, torch.relu(F.conv2d(x, w, b, padding=1)))
-    (rec,) = [r for r in decide.state.decided.values()]
-    assert rec.choice == "torch" and "background tuning failed" in rec.why
+    assert tuning_fakes.CALLS == [] and torch.equal(y, _torch_row(x, w, b))
+    rec = next(r for r in decide.state.decided.values() if r.spec.x_shape == tuple(x.shape))
+    assert rec.choice == "torch" and "tuning failed" in rec.why
+
+
+def test_a_hung_tuning_process_is_stopped_after_the_timeout(fake_kernel, monkeypatch):
+    monkeypatch.setenv("FAKE_TUNING_SLEEP", "600")
+    monkeypatch.setattr(tuner, "JOB_TIMEOUT_S", 1.5)
+    x, w, b = _data(7)
+    with pytest.warns(RuntimeWarning, match="over 2 s and was stopped"):
+        with torch.no_grad():
+            _conv(x, w, b)
+        (pid,) = dispatch.tuning_status().processes
+        assert dispatch.wait_for_tuning(timeout=30)
+    assert process_gone(pid, 5) and dispatch.tuning_status().processes == []
+    with torch.no_grad():
+        assert torch.equal(_conv(x, w, b), _torch_row(x, w, b))
+
+
+def _user_script(body: str) -> str:
+    return textwrap.dedent("""
+        import sys, torch
+        import tuning_fakes
+        from taesd_fast import dispatch
+        from taesd_fast.dispatch import table
+        table.ROWS[:] = tuning_fakes.rows() + [r for r in table.ROWS if r.kind != "conv2d"]
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(1, 4, 9, 7, generator=g), torch.randn(5, 4, 3, 3, generator=g), torch.randn(5, generator=g)
+        with torch.no_grad():
+            dispatch.conv2d(x, w, b, relu=True)
+        print(dispatch.tuning_status().processes[0], flush=True)
+        """) + textwrap.dedent(body)
+
+
+def _run_user(tmp_path, body: str, **env):
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+                TAESD_FAST_TUNER_SETUP="tuning_fakes:install", TAESD_FAST_TUNING="subprocess",
+                TAESD_FAST_CACHE_DIR=str(tmp_path / "cache"), **env)
+    return subprocess.Popen([sys.executable, "-c", _user_script(body)], env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sleep,kept", [("0.1", True), ("30", False)])
+def test_the_users_exit_is_not_delayed_and_no_tuning_process_outlives_it(tmp_path, sleep, kept):
+    """A script that exits right after its first call: exit status 0 at once, nothing printed, the tuning process
+    gone within 10 s; a job that ends within its grace period is finished and its timings kept."""
+    t0 = time.perf_counter()
+    proc = _run_user(tmp_path, "sys.exit(0)", FAKE_TUNING_SLEEP=sleep)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert time.perf_counter() - t0 < 20 and "terminate called" not in err and "Traceback" not in err, err
+    pid = int(out.split()[0])
+    assert process_gone(pid, 10)
+    saved = store.read_json(tmp_path / "cache" / "dispatch" / "timings.json")
+    assert bool(saved) == kept
+
+
+def test_a_killed_user_process_takes_its_tuning_process_with_it(tmp_path):
+    proc = _run_user(tmp_path, "import time; time.sleep(120)", FAKE_TUNING_SLEEP="600")
+    pid = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert process_gone(pid, 10)
+
+
+def test_stand_ins_never_draw_from_the_callers_rng():
+    meta = (spec_mod.TensorMeta((2, 4, 9, 7), (252, 63, 7, 1), torch.float32, "cpu"),
+            spec_mod.TensorMeta((5, 4, 3, 3), (36, 9, 3, 1), torch.float32, "cpu"),
+            spec_mod.TensorMeta((5,), (1,), torch.float32, "cpu"), 1, None, True, 1, False)
+    torch.manual_seed(123)
+    expected = torch.randn(4)
+    torch.manual_seed(123)
+    fresh = measure.fresh_args("conv2d", meta)
+    assert torch.equal(torch.randn(4), expected)
+    again = measure.fresh_args("conv2d", meta)
+    assert all(torch.equal(a, b) for a, b in zip(fresh[:3], again[:3]))  # its own seeded generator
+    assert fresh[0].abs().min() > 0 or fresh[0].std() > 0.5  # random, never zeros
+
+
+def test_the_memory_estimate_counts_stand_ins_and_outputs():
+    x = spec_mod.TensorMeta((64, 64, 256, 256), (4194304, 1, 16384, 64), torch.float16, "cuda:0")
+    w = spec_mod.TensorMeta((64, 64, 3, 3), (576, 1, 192, 64), torch.float16, "cuda:0")
+    b = spec_mod.TensorMeta((64,), (1,), torch.float16, "cuda:0")
+    spec = decide.Spec("conv2d", "cuda:0", x.shape, w.shape, torch.float16, 1, True, True, True, "channels_last")
+    mib = 2**20
+    plane = 64 * 64 * 256 * 256 * 2  # one 64-channel 256² B=64 f16 activation: 512 MiB
+    need = measure.bytes_needed(spec, (x, w, b, 1, x, True, 1, False))
+    assert need == 2 * plane + 64 * 576 * 2 + 128 + 3 * plane + 64 * mib
+    up = decide.Spec("conv2d", "cuda:0", (1, 64, 32, 32), w.shape, torch.float16, 1, False, False, False, "nchw", 2)
+    xm = spec_mod.TensorMeta((1, 64, 32, 32), (65536, 1024, 32, 1), torch.float16, "cuda:0")
+    assert measure.bytes_needed(up, (xm, w, None, 1, None, False, 2, False)) == (
+        65536 * 2 + 64 * 576 * 2 + 3 * 64 * 64 * 64 * 2 + 64 * mib)
 
 
 def test_tuning_modes_from_env_and_switches(monkeypatch):
     monkeypatch.delenv("TAESD_FAST_TUNING")
-    assert dispatch.get_tuning() == "background"
+    assert dispatch.get_tuning() == "subprocess"
     monkeypatch.setenv("TAESD_FAST_TUNING", "off")
     assert dispatch.get_tuning() == "off"
     with dispatch.tuning("blocking"):
         assert dispatch.get_tuning() == "blocking"
     assert dispatch.get_tuning() == "off"
-    monkeypatch.setenv("TAESD_FAST_TUNING", "sometimes")
-    with pytest.raises(ValueError, match=r"TAESD_FAST_TUNING must be one of .*background.*got 'sometimes'"):
+    monkeypatch.setenv("TAESD_FAST_TUNING", "background")
+    with pytest.raises(ValueError, match=r"TAESD_FAST_TUNING must be one of .*subprocess.*got 'background'"):
         dispatch.get_tuning()
     with pytest.raises(ValueError, match="tuning mode must be one of"):
         dispatch.set_tuning("eventually")
 
 
-def test_cpu_models_start_no_tuner(monkeypatch):
-    """Nothing on a CPU call can be tuned: background mode decides PyTorch in the calling thread, no job queued."""
+def test_cpu_models_start_no_tuning_process():
+    """Nothing on a CPU call can be tuned: subprocess mode decides PyTorch in the calling thread, no job sent."""
     from taesd_fast import TAESD
 
-    dispatch.set_tuning("background")
+    dispatch.set_tuning("subprocess")
     with torch.no_grad():
         TAESD("taesd", encoder=False).decode(torch.randn(1, 4, 8, 8))
-    assert dispatch.tuning_status().pending == 0 and dispatch.tuning_status().done == 0
+    status = dispatch.tuning_status()
+    assert status.pending == 0 and status.done == 0 and status.processes == []
 
 
 def test_warmup_runs_each_shape_twice_with_blocking_tuning(monkeypatch):
@@ -317,7 +389,11 @@ def test_warmup_runs_each_shape_twice_with_blocking_tuning(monkeypatch):
     monkeypatch.setattr(model, "encode", lambda x: seen.append(("enc", tuple(x.shape), dispatch.get_tuning()))
                         or real_encode(x))
     dispatch.set_tuning("off")
+    torch.manual_seed(5)
+    expected = torch.randn(3)
+    torch.manual_seed(5)
     table_text = model.warmup([(2, 16, 24)], part="both")
+    assert torch.equal(torch.randn(3), expected)  # the caller's RNG is untouched
     assert seen == [("enc", (2, 3, 16, 24), "blocking")] * 2 + [("dec", (2, 4, 2, 3), "blocking")] * 2
     assert dispatch.get_tuning() == "off"  # restored
     assert "decoder.1" in table_text and "encoder.0" in table_text
@@ -334,6 +410,7 @@ def test_tune_cli_parses_shapes_and_tunes_through_warmup(monkeypatch, capsys):
     """The `tune` subcommand as cli.py wires it: shapes parsed, latents turned into pixel sizes, warmup called with
     them; a CPU model is refused with a one-line reason."""
     import argparse
+    from types import SimpleNamespace
 
     from taesd_fast import TAESD, tune_cli
 
@@ -348,8 +425,6 @@ def test_tune_cli_parses_shapes_and_tunes_through_warmup(monkeypatch, capsys):
         def warmup(self, shapes, part="decoder"):
             calls.append((shapes, part))
             return "TABLE"
-
-    from types import SimpleNamespace
 
     model = FakeModel("taef2")
     on = lambda device: lambda: iter([SimpleNamespace(device=torch.device(device))])  # noqa: E731
@@ -368,78 +443,3 @@ def test_tune_cli_parses_shapes_and_tunes_through_warmup(monkeypatch, capsys):
     assert args.func(args) == 0
     assert calls == [([(2, 64, 128), (1, 64, 64)], "both")]
     assert "TABLE" in capsys.readouterr().out
-
-
-def test_graph_cache_does_not_wait_for_a_tuning_step(monkeypatch):
-    """In background tuning a capture that finds gpu_lock held by a tuning step runs the call eagerly at once and
-    asks the tuner to pause; the next call captures. In blocking tuning the capture waits for the lock."""
-    captures = []
-
-    class Captured:
-        def __init__(self, fn, example, wait=True):
-            with measure.capture_turn(wait):
-                self.generation, self.fn = dispatch.generation(), fn
-                captures.append(tuple(example.shape))
-
-        def __call__(self, x):
-            return self.fn(x)
-
-    monkeypatch.setattr(graphs, "CUDAGraphed", Captured)
-    monkeypatch.setattr(graphs, "_replayable", lambda x, params: True)
-    held, release = threading.Event(), threading.Event()
-
-    def tuning_step():
-        with measure.tuner_step():
-            held.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=tuning_step, daemon=True)
-    holder.start()
-    assert held.wait(10)
-    cache, x = graphs.GraphCache(), torch.randn(3, 2)
-    dispatch.set_tuning("background")
-    try:
-        t0 = time.perf_counter()
-        assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)  # first call: eager anyway
-        assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)  # would capture: the lock is busy, so eager
-        assert time.perf_counter() - t0 < 1.0 and captures == [] and len(cache) == 0
-        assert measure._capture_wanted.is_set()  # the tuner will pause at its next step boundary
-    finally:
-        release.set()
-    holder.join(10)
-    cache(lambda t: t + 1, x, [])
-    assert captures == [(3, 2)] and not measure._capture_wanted.is_set()
-
-    # blocking tuning: a capture waits for the step to end
-    held.clear(), release.clear()
-    holder = threading.Thread(target=tuning_step, daemon=True)
-    holder.start()
-    assert held.wait(10)
-    threading.Timer(0.3, release.set).start()
-    dispatch.set_tuning("blocking")
-    cache2 = graphs.GraphCache()
-    cache2(lambda t: t, x, [])
-    t0 = time.perf_counter()
-    cache2(lambda t: t, x, [])
-    assert time.perf_counter() - t0 >= 0.2 and captures == [(3, 2), (3, 2)]
-    holder.join(10)
-
-
-def test_the_tuner_pauses_for_a_capture_that_asked(monkeypatch):
-    """A capture that found the GPU busy sets the request; the tuner's next step waits for it (up to
-    CAPTURE_PAUSE_S), so the capture gets the lock on the caller's next call."""
-    monkeypatch.setattr(measure, "CAPTURE_PAUSE_S", 5.0)
-    entered = threading.Event()
-    measure._capture_wanted.set()
-
-    def step():
-        with measure.tuner_step():
-            entered.set()
-
-    t = threading.Thread(target=step, daemon=True)
-    t.start()
-    assert not entered.wait(0.3)  # paused: the capture has not come yet
-    with measure.capture_turn(wait=False):  # the lock is free for it
-        pass
-    assert entered.wait(5)  # the capture cleared the request: the tuner goes on
-    t.join(5)

@@ -6,7 +6,8 @@ second process that reuses those caches.
 
 Each measured process loads the bundled TAEF2 weights in float16 on CUDA and calls `decode` three times for each of
 256² B=1, 256² B=64 and 512² B=1, then for a shape it has not seen (256² B=4), synchronizing after every call. Then
-it waits for background tuning to finish (how long after its first call) and times the tuned calls (graph replays).
+it waits for subprocess tuning to finish (how long after its first call) and times the tuned calls (graph replays);
+it also records each tuning process's lifetime and its allocator's peak GPU memory.
 Processes: "torch" (set_backend("torch"), its own empty caches), "cold" (default settings, empty caches), "second"
 (default settings, the caches "cold" left), and with --blocking "blocking" (TAESD_FAST_TUNING=blocking, empty
 caches: tuning inside the calls). Prints a table; writes first_use.json under $OUT when it is set.
@@ -21,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +56,18 @@ def child(backend: str) -> dict:
         return time.perf_counter() - tick
 
     first_call = time.perf_counter()
+    lives: dict = {}  # tuning process pid -> [first seen, last seen], seconds after the first call
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            now = time.perf_counter() - first_call
+            for pid in dispatch.tuning_status().processes:
+                lives.setdefault(pid, [now, now])[1] = now
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     with torch.no_grad():
         for name, *_ in SHAPES:
             out["calls"][name] = [call(name) for _ in range(CALLS)]
@@ -67,6 +81,10 @@ def child(backend: str) -> dict:
             out["after_tuning_first_call_s"][name] = call(name)  # a re-capture where tuning changed decisions
             call(name)
             out["tuned_ms"][name] = statistics.median(call(name) for _ in range(TUNED_REPS)) * 1e3
+        watching.set()
+        watcher.join()
+        out["tuning_processes"] = {str(pid): {"seen_from_s": a, "seen_until_s": b} for pid, (a, b) in lives.items()}
+        out["tuning_peak_gpu_mb"] = status.peak_gpu_mb
         rows = [r for _, r in dispatch.rows_of(model.decoder)]
         out["kernel_decisions"] = f"{sum(r.choice != 'torch' for r in rows)} of {len(rows)} (layer, shape) rows"
     out["total_s"] = time.perf_counter() - t_start
@@ -75,6 +93,8 @@ def child(backend: str) -> dict:
 
 def run_child(label: str, backend: str, cache_root: Path, extra_env: dict) -> dict:
     env = dict(os.environ, **extra_env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))
+                                        if p)  # the checkout's package, installed or not
     for var, sub in (("TAESD_FAST_CACHE_DIR", "taesd_fast"), ("TRITON_CACHE_DIR", "triton"),
                      ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
         (cache_root / sub).mkdir(parents=True, exist_ok=True)
@@ -110,6 +130,10 @@ def table(runs: dict) -> str:
         t = base["tuned_ms"][name]
         lines.append(f"{name:<24}{t:>9.3f}" + "".join(
             f"{runs[k]['tuned_ms'][name]:>12.3f}{runs[k]['tuned_ms'][name] / t:>7.2f}" for k in labels))
+    lines.append("tuning processes (pid: seen from..until s after the first call; allocator peak MB): " + "; ".join(
+        f"{k} " + ", ".join(f"{pid}: {v['seen_from_s']:.1f}..{v['seen_until_s']:.1f}"
+                            for pid, v in r.get("tuning_processes", {}).items()) + f" peak {r.get('tuning_peak_gpu_mb')}"
+        for k, r in runs.items() if k != "torch"))
     lines.append("kernels chosen: " + ", ".join(f"{k} {r['kernel_decisions']}" for k, r in runs.items()))
     lines.append("process wall s: " + ", ".join(f"{k} {r['process_wall_s']:.1f} (import {r['import_s']:.1f})"
                                                  for k, r in runs.items()))
@@ -130,8 +154,8 @@ def main() -> None:
         ap.error(f"--keep {args.keep} exists; give a new folder so every cache starts empty")
     root = args.keep or Path(tempfile.mkdtemp(prefix="taesd_fast_first_use_"))
     runs = {"torch": run_child("torch", "torch", root / "torch", {})}
-    runs["cold"] = run_child("cold", "auto", root / "auto", {"TAESD_FAST_TUNING": "background"})
-    runs["second"] = run_child("second", "auto", root / "auto", {"TAESD_FAST_TUNING": "background"})
+    runs["cold"] = run_child("cold", "auto", root / "auto", {"TAESD_FAST_TUNING": "subprocess"})
+    runs["second"] = run_child("second", "auto", root / "auto", {"TAESD_FAST_TUNING": "subprocess"})
     if args.blocking:
         runs["blocking"] = run_child("blocking", "auto", root / "blocking", {"TAESD_FAST_TUNING": "blocking"})
     text = table(runs)

@@ -6,8 +6,8 @@ csrc/head_bf16.cu) on small odd shapes, for compute-sanitizer memcheck / raceche
 For NCDHW and channels_last_3d windows and C_out 12 and 3 (3: the scalar, non-vector load path):
   * split_head_conv, whole frame and in bands of 4 rows (clipped halos at both borders), against the float64 conv3d
     + clamp, next to PyTorch's own bf16 error (the bound is 2x that);
-  * the raw stencil launch into a NaN-poisoned output, from a bf16 and an fp32 g and writing the video (patch 2):
-    bit-equal to its PyTorch twin head_stencil_ref (same tap order).
+  * the raw stencil launch into a NaN-poisoned output, from a bf16 and an fp32 g and, where C_out allows it (12),
+    writing the video (patch 2): bit-equal to its PyTorch twin head_stencil_ref (same tap order).
 References run on the CPU (no cuDNN fp32 conv under the sanitizer). Exits 1 if any check failed; ends with
 "sanitize script done".
 """
@@ -32,8 +32,9 @@ def check_stencil(tally: Tally, what: str, x: torch.Tensor, w: torch.Tensor, b: 
     _, _, frames, h, _ = x.shape
     t = frames - 2
     g64 = hk.conv_n128_ref(x.cpu().float(), hk.pack_weight(w.cpu().float()))  # pixel-major g, as the GEMM gives
+    n_out = b.shape[0]
     for g_dtype in (torch.bfloat16, torch.float32):
-        for patch in (0, 2):
+        for patch in (p for p in (0, 2) if p == 0 or n_out % (p * p) == 0):  # unpatchify needs C_out % p² == 0
             g_cpu = g64.to(g_dtype)
             want = hk.head_stencil_ref(g_cpu, b.cpu(), t, 0, h, h, 0, patch)
             out = torch.full_like(want, float("nan"), device="cuda")  # want's strides: the kernel's output layout

@@ -2,10 +2,11 @@
 
     spec.py       what a decision depends on (Spec) and its timings-file key
     table.py      the rows: PyTorch (torch_ops.py) and each custom kernel, with its support rule
-    measure.py    timing rows on the GPU; gpu_lock
+    measure.py    timing rows on the GPU (in the tuning process, or the caller in blocking tuning)
     store.py      timings on disk, shared by processes
     decide.py     backend and tuning modes, decisions, the generation counter
-    tuner.py      the background tuning thread
+    tuner.py      subprocess tuning, the user's side: sends calls' metadata, picks up the answers
+    tune_worker.py  the tuning process itself (never imported by the user's process)
     calls.py      conv2d / head_conv / head_full, the calls the model layers make
     report.py     dispatch_table, tune
 
@@ -14,13 +15,15 @@ Importing this package touches no CUDA and imports no kernel module that needs T
 
 from __future__ import annotations
 
-from . import decide, store, tuner
+import torch
+
+from .. import _backend
+from . import decide, store, table, tuner
 from .calls import conv2d, head_conv, head_full
 from .decide import (
     MARGIN, MODES, TUNING_MODES, Record, backend, get_backend, get_tuning, graph_timing, set_backend, set_tuning,
     tuning,
 )
-from .measure import GpuBusy, gpu_lock
 from .report import dispatch_table, rows_of, tune
 from .spec import Spec
 from .store import store_timings
@@ -32,13 +35,13 @@ __all__ = [
     "conv2d", "head_conv", "head_full", "soft_clamp", "backend", "set_backend", "get_backend", "tuning",
     "set_tuning", "get_tuning", "graph_timing", "dispatch_table", "rows_of", "tune", "clear_cache", "generation",
     "wait_for_tuning", "tuning_status", "TuningStatus", "Spec", "Row", "ROWS", "DEFAULT_ORDER", "Record",
-    "gpu_lock", "GpuBusy", "store_timings", "MODES", "TUNING_MODES", "MARGIN",
+    "poll", "prepare", "store_timings", "MODES", "TUNING_MODES", "MARGIN",
 ]
 
 
 def clear_cache(disk: bool = False) -> None:
-    """Forget in-process decisions, queued tuning and the timings read from disk (and the timings file if
-    disk=True). Graphs captured before are captured again on their next call."""
+    """Forget in-process decisions, jobs sent to the tuning process and the timings read from disk (and the
+    timings file if disk=True). Graphs captured before are captured again on their next call."""
     tuner.reset()
     decide.clear()
     store.clear(disk)
@@ -50,12 +53,33 @@ def generation() -> int:
     return decide.state.generation
 
 
+def prepare(target) -> None:
+    """Called with the device a model is being loaded to, and with the model when its parameters move (its
+    `_apply`): on CUDA, with kernels in play, the kernel modules are imported in the background (no CUDA work),
+    so the first call does not wait for them."""
+    if get_backend() == "torch" or _backend._disabled():
+        return
+    if isinstance(target, torch.nn.Module):
+        on_cuda = any(p.is_cuda for p in target.parameters())
+    else:
+        on_cuda = target is not None and torch.device(target).type == "cuda"
+    if on_cuda:
+        table.kernel_rows.import_in_background()
+
+
+def poll() -> None:
+    """Put in effect what the tuning process has answered, on this thread (unless it captures a CUDA graph).
+    Every dispatched call and every graph replay of ours does this; call it where you replay graphs of your own."""
+    tuner.poll()
+
+
 def wait_for_tuning(timeout: float | None = None) -> bool:
-    """Block until the background tuner has finished everything queued and its decisions are in effect. Returns
+    """Block until the tuning process has answered every job sent and put the decisions in effect. Returns
     False if `timeout` seconds passed first. For tools and tests; calls never need it."""
     return tuner.wait(timeout)
 
 
 def tuning_status() -> TuningStatus:
-    """Jobs pending (queued or running), jobs done, the last failure and the generation."""
+    """Jobs pending (sent, not yet in effect), jobs done, the last failure, the generation and the tuning
+    processes alive."""
     return tuner.status()

@@ -1,6 +1,7 @@
 """The dispatched calls: conv2d, head_conv, head_full. Each builds a plain key from its arguments and looks up the
 decision for it (one dict lookup per call, which torch.compile traces into a guard); on a miss it decides (decide.py)
-or, in background tuning, runs PyTorch and queues the spec to the tuner (tuner.py)."""
+or, in subprocess tuning, runs PyTorch and sends the call's metadata to the tuning process (tuner.py). Each eager
+call first picks up what the tuning process has answered (`tuner.poll`, a list check)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from . import decide, table, torch_ops, tuner
+from . import decide, store, table, torch_ops, tuner
 from .spec import args_meta, call_key, spec_of
 
 state = decide.state
@@ -23,6 +24,9 @@ def _choose(key: tuple, args: tuple, layer) -> Callable[..., Tensor]:
     if torch.compiler.is_compiling():
         # Never time or compile while tracing; nothing decided eagerly for this shape means PyTorch.
         return table.reference(key[0]).run if rec is None else rec.run
+    if tuner.results:
+        tuner.poll()
+        rec = state.decided.get((mode, graph, key))
     if rec is None:
         rec = _miss(key, mode, graph, args)
     if layer is not None:  # every layer gets its row, also when another layer with this shape decided first
@@ -36,23 +40,29 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
     spec = spec_of(key)
     tuning_mode = decide.get_tuning()
     in_capture = decide.capturing(spec)
-    background = mode == "auto" and tuning_mode == "background" and decide.tunable(spec)
-    if background:
-        rec = state.final.get((graph, key))
-        if rec is None:
-            rec = decide.provisional(spec)
-            tuner.submit(spec, graph, key, args_meta(args))
-    else:
+    sub = mode == "auto" and tuning_mode == "subprocess" and decide.tunable(spec)
+    rec = state.final.get((graph, key)) if sub else None
+    if rec is None and sub and store.get(spec.key(decide.device_name(spec.device), graph)) is None:
+        rec = _send(spec, graph, key, args)  # nothing stored: no kernel module is imported for this call
+    if rec is None:
         rec = decide.decide_now(spec, mode, graph, lambda: args_meta(args), tuning_mode)
+    if rec is None:  # stored timings miss some candidate
+        rec = _send(spec, graph, key, args)
     row = table.row(spec.kind, rec.choice)
     if in_capture and row.kernel and not row.ready(spec):  # loading a module mid-capture is unsafe
         return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not loaded before capture",
                              rec.ms, rec.skipped, table.reference(spec.kind).run)
-    if background or not in_capture:
+    if sub or not in_capture:
         # A decision made without timing because a capture is under way must not stick: the next eager call decides.
         with decide.lock:
             state.decided[(mode, graph, key)] = rec
     return rec
+
+
+def _send(spec, graph: bool, key: tuple, args: tuple) -> decide.Record:
+    """PyTorch for now; the call's metadata goes to the tuning process."""
+    tuner.submit(spec, graph, key, args_meta(args))
+    return decide.provisional(spec)
 
 
 def _needs_grad(*tensors) -> bool:

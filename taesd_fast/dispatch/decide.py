@@ -9,8 +9,10 @@ Backend modes (`backend(mode)` / `set_backend(mode)`):
   "torch"   always PyTorch.
 
 Tuning modes (`tuning(mode)` / `set_tuning(mode)` / TAESD_FAST_TUNING), for a call auto mode has no timings for:
-  "background" (default) the call runs PyTorch at once and the tuner thread (tuner.py) times the candidates; when
-            it is done the decisions change and `generation` moves, so graphs captured before are captured again.
+  "subprocess" (default) the call runs PyTorch at once and its metadata goes to a tuning process (tuner.py,
+            tune_worker.py) that compiles and times the candidates; a later call picks the results up, the decisions
+            change and `generation` moves, so graphs captured before are captured again. No tuning work runs in the
+            caller's process.
   "blocking" the call times the candidates itself, then runs the winner (deterministic: benchmarks, warmup).
   "off"     never time: stored timings if any, else PyTorch.
 
@@ -34,7 +36,7 @@ from . import measure, store, table
 from .spec import Spec
 
 MODES = ("auto", "torch", "kernels")
-TUNING_MODES = ("background", "blocking", "off")
+TUNING_MODES = ("subprocess", "blocking", "off")
 MARGIN = 0.98  # a kernel must beat PyTorch by 2% to be picked: timing noise must not flip choices
 
 
@@ -54,9 +56,9 @@ class _State:
     def __init__(self):
         self.mode = "auto"
         self.graph = False  # inside graph_timing()
-        self.tuning: str | None = None  # set_tuning(); None: TAESD_FAST_TUNING or "background"
+        self.tuning: str | None = None  # set_tuning(); None: TAESD_FAST_TUNING or "subprocess"
         self.decided: dict[tuple, Record] = {}  # (mode, graph, call key) -> decision
-        self.final: dict[tuple, Record] = {}  # (graph, call key) -> the tuner's decision (auto, background)
+        self.final: dict[tuple, Record] = {}  # (graph, call key) -> the decision from the tuning process
         self.generation = 0  # moves when tuned decisions replace earlier ones: graphs captured before are stale
 
 
@@ -96,7 +98,7 @@ def backend(mode: str):
 
 
 def set_tuning(mode: str | None) -> None:
-    """"background" | "blocking" | "off", or None to follow TAESD_FAST_TUNING again (default background)."""
+    """"subprocess" | "blocking" | "off", or None to follow TAESD_FAST_TUNING again (default subprocess)."""
     if mode is not None and mode not in TUNING_MODES:
         raise ValueError(f"tuning mode must be one of {TUNING_MODES}, got {mode!r}")
     state.tuning = mode
@@ -105,14 +107,14 @@ def set_tuning(mode: str | None) -> None:
 def get_tuning() -> str:
     if state.tuning is not None:
         return state.tuning
-    env = os.environ.get("TAESD_FAST_TUNING", "").strip().lower() or "background"
+    env = os.environ.get("TAESD_FAST_TUNING", "").strip().lower() or "subprocess"
     if env not in TUNING_MODES:
         raise ValueError(f"TAESD_FAST_TUNING must be one of {TUNING_MODES}, got {env!r}")
     return env
 
 
 def tuning(mode: str):
-    """with tuning("blocking"|"off"|"background"): ... restores the previous tuning mode on exit."""
+    """with tuning("blocking"|"off"|"subprocess"): ... restores the previous tuning mode on exit."""
     return _switched("tuning", set_tuning, mode)
 
 
@@ -227,13 +229,14 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
 
 
 def provisional(spec: Spec) -> Record:
-    """What a call runs while the tuner works on its spec: PyTorch."""
-    return _record(spec, table.reference(spec.kind).name, "PyTorch while tuning in the background", {}, {})
+    """What a call runs while the tuning process works on its spec: PyTorch."""
+    return _record(spec, table.reference(spec.kind).name, "PyTorch while the tuning process times kernels", {}, {})
 
 
-def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tuning_mode: str) -> Record:
+def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tuning_mode: str) -> Record | None:
     """A decision in the calling thread: from stored timings, timing the candidates first in blocking tuning mode
-    (not while torch.compile traces or a CUDA graph captures). `meta()` gives the call's argument metadata."""
+    (not while torch.compile traces or a CUDA graph captures). `meta()` gives the call's argument metadata.
+    In subprocess tuning, None when the candidates need timing: the caller sends them to the tuning process."""
     in_capture = capturing(spec)
     rows, skipped = eligible(spec, mode, in_capture)
     if mode == "torch" or not any(r.kernel for r in rows):
@@ -242,6 +245,8 @@ def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tu
     entry = store.get(key)
     why = "cached timings"
     if mode == "auto" and needs_timing(rows, entry):
+        if tuning_mode == "subprocess":
+            return None
         if tuning_mode != "blocking":
             why = "not timed (tuning off)"
         elif in_capture or torch.compiler.is_compiling():
@@ -255,11 +260,12 @@ def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tu
     return pick(spec, mode, rows, skipped, entry, why, graph)
 
 
-# ----------------------------------------------------------------------------- the tuner's side
+# ----------------------------------------------------------------------------- the tuning process's results
 
 
 def publish(finals: dict[tuple, Record], changed: bool) -> None:
-    """Called by the tuner when its queue drains: its decisions replace the provisional ones. If any changed,
+    """Called (tuner.collect, on a calling thread) with the tuning process's answers: its decisions replace the
+    provisional ones. If any changed,
     the decision cache is emptied (the next call of each spec re-decides from `final`) and `generation` moves,
     so graphs captured with the old decisions are captured again."""
     with lock:
@@ -273,7 +279,7 @@ def publish(finals: dict[tuple, Record], changed: bool) -> None:
 
 
 def clear() -> None:
-    """Forget in-process decisions, the tuner's results and the per-layer records; graphs captured before are
+    """Forget in-process decisions, the tuning process's results and the per-layer records; graphs captured before are
     stale (generation moves)."""
     with lock:
         state.decided.clear()

@@ -90,3 +90,43 @@ class TensorMeta:
 def args_meta(args: tuple) -> tuple:
     """A call's arguments with each tensor replaced by its TensorMeta (numbers and None kept)."""
     return tuple(TensorMeta.of(a) if isinstance(a, Tensor) else a for a in args)
+
+
+# ----------------------------------------------------------------------------- to and from the tuning process
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def spec_to_json(spec: Spec) -> dict:
+    """A Spec as plain JSON values (what the tuning process is sent)."""
+    out = dict(spec.__dict__)
+    out["dtype"] = _dtype_name(spec.dtype)
+    return out
+
+
+def spec_from_json(data: dict) -> Spec:
+    fields = dict(data)
+    fields["dtype"] = _dtype(fields["dtype"])
+    for name in ("x_shape", "w_shape"):
+        fields[name] = tuple(fields[name])
+    return Spec(**fields)
+
+
+def meta_to_json(meta: tuple) -> list:
+    """args_meta as JSON: a tensor as {"shape", "stride", "dtype", "device"}, numbers, booleans and None as they are."""
+    return [{"shape": list(m.shape), "stride": list(m.stride), "dtype": _dtype_name(m.dtype), "device": m.device}
+            if isinstance(m, TensorMeta) else m for m in meta]
+
+
+def meta_from_json(data: list) -> tuple:
+    return tuple(TensorMeta(tuple(m["shape"]), tuple(m["stride"]), _dtype(m["dtype"]), m["device"])
+                 if isinstance(m, dict) else m for m in data)

@@ -15,7 +15,7 @@ from filelock import FileLock
 from .. import _backend
 
 _lock = threading.Lock()  # guards the in-memory copy; never held while measuring
-_memory: dict[str, dict] = {}  # key -> {"ms": {row: ms}, "failed": {row: why}} ("failed" stays in this process)
+_memory: dict[str, dict] = {}  # key -> {"ms": {row: ms}, "failed": {row: why}}
 _loaded_from: Path | None = None
 
 
@@ -62,11 +62,13 @@ def get(key: str) -> dict | None:
 
 
 def put(key: str, ms: dict, failed: dict, path: Path | None = None) -> None:
-    """Keep {ms, failed} for this process and persist the timings (failures, such as an out-of-memory while
-    timing, stay in this process). `path`: the file chosen when the work was queued."""
+    """Keep {ms, failed} for this process and persist both: a row that failed here (it does not build, or it ran
+    out of the tuning process's memory budget) is not tried again on this machine until the timings file goes
+    (`dispatch.clear_cache(disk=True)`) or the kernels or torch change (the key). `path`: the file chosen when
+    the work was queued."""
     path = timings_path() if path is None else path
     try:
-        merged = store_timings({key: {"ms": ms}}, path)
+        merged = store_timings({key: {"ms": ms, **({"failed": failed} if failed else {})}}, path)
     except OSError:  # a read-only cache dir: keep the result for this process only
         merged = None
     with _lock:
@@ -76,6 +78,17 @@ def put(key: str, ms: dict, failed: dict, path: Path | None = None) -> None:
                 memory.setdefault(k, v)
         if path == _loaded_from:
             memory[key] = {"ms": ms, "failed": failed}
+
+
+def remember(key: str, ms: dict, failed: dict) -> None:
+    """Keep {ms, failed} for this process without writing: what the tuning process measured and stored (it
+    wrote the file) or could not run. Entries other processes stored meanwhile are read in too."""
+    with _lock:
+        memory = _current()
+        for k, v in read_json(_loaded_from).items():
+            memory.setdefault(k, v)
+        if ms or failed:
+            memory[key] = {"ms": dict(ms), "failed": dict(failed)}
 
 
 def clear(disk: bool = False) -> None:

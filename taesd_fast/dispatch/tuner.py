@@ -1,199 +1,322 @@
-"""The background tuner: one daemon thread that times the candidates of calls auto mode had no timings for, while
-those calls run PyTorch.
+"""Subprocess tuning, the user's side: calls auto mode has no timings for run PyTorch at once, and their metadata
+goes to a tuning process (tune_worker.py), which compiles and times the candidates there.
 
-A job holds the call's metadata only (Spec, shapes, strides, dtypes, devices), never the caller's tensors. Specs
-that a CUDA graph will replay go first: that is what a user's repeated call runs from its third call on. For each
-job the thread finds the eligible rows, times them unless timings are stored (disk and memory), picks the winner
-and loads its kernel, so a later call, or a capture, launches it without compiling anything. When the queue
-drains, the new decisions are published (`decide.publish`): if any differs from what the calls ran meanwhile,
-`decide.state.generation` moves and `graphs.GraphCache` captures those calls again with the tuned kernels.
+Nothing here touches CUDA. A job holds the call's metadata only (Spec, shapes, strides, dtypes, devices), never the
+caller's tensors. One process per GPU is started with Popen at the first miss; it exits by itself when its queue is
+empty, when this process exits (stdin closed) or dies. A thread per tuning process reads its answers into `results`;
+the calls pick them up on their own thread (`poll`, a cheap check at the start of each dispatched call and each
+graph replay): the decision is made from the timings the child stored, the chosen kernels load from the on-disk
+caches when the call next launches them, and `decide.publish` moves the generation so that graphs captured with the
+old decisions are captured again. Nothing is picked up while the calling stream captures a CUDA graph.
 
-The thread runs on its own CUDA stream and holds `measure.gpu_lock` around each GPU step (`measure.tuner_step`),
-never the decision lock while measuring. It is silent; if a job fails, one warning says so and those calls keep running PyTorch."""
+Answers are published together once the tuning process says its queue is empty (or PUBLISH_AFTER_S after the
+first unpublished one), so a graph is captured again once per round, not once per tuned layer. A tuning process
+that dies or runs a job past JOB_TIMEOUT_S costs one warning: its jobs count as failed and their calls keep running
+PyTorch.
+"""
 
 from __future__ import annotations
 
 import atexit
-import heapq
 import itertools
+import json
+import os
+import select
+import subprocess
+import sys
 import threading
+import time
 import warnings
-from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from .. import _backend
-from . import decide, measure, store, table
-from .spec import Spec
+from . import decide, store, table
+from .spec import Spec, meta_to_json, spec_to_json
+
+JOB_TIMEOUT_S = float(os.environ.get("TAESD_FAST_TUNING_TIMEOUT_S", 300))
+PUBLISH_AFTER_S = 3.0
+_CACHE_VARS = ("TAESD_FAST_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 @dataclass
 class TuningStatus:
-    pending: int  # jobs queued or running
-    done: int  # jobs finished since the last clear_cache()
+    pending: int  # jobs sent and not yet in effect
+    done: int  # jobs in effect since the last clear_cache()
     last_error: str | None  # the last job failure, if any
     generation: int  # decide.state.generation: moves when tuned decisions replace earlier ones
+    processes: list = field(default_factory=list)  # pids of the tuning processes alive
+    peak_gpu_mb: float = 0.0  # the largest GPU memory a tuning process's allocator held (no CUDA context)
 
 
 @dataclass
 class _Job:
+    id: int
     spec: Spec
     graph: bool
     key: tuple  # the call key (calls.py) the decision is cached under
-    meta: tuple  # spec.args_meta of the call
-    path: object  # the timings file when the job was queued
     epoch: int
+    meta: tuple  # spec.args_meta of the call (sent again if a process exits before taking the job)
+
+
+class _Worker:
+    """One tuning process and the thread that reads its answers."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.jobs: dict[int, _Job] = {}  # sent, not answered
+        self.running: tuple[int, float] | None = None  # (job id, start time)
+        self.owner = os.getpid()
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[2])  # where `import taesd_fast` found this package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        log = _log_file()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "taesd_fast.dispatch.tune_worker", str(write_fd)],
+                stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,), env=env,
+                start_new_session=True)  # the terminal's Ctrl-C goes to the user's process alone
+        finally:
+            os.close(write_fd)
+            log.close()
+        self.answers = os.fdopen(read_fd, "r")
+        self.reader = threading.Thread(target=self._read, name=f"taesd_fast-tuner-{device}", daemon=True)
+        self.reader.start()
+
+    def send(self, job: _Job, message: dict) -> bool:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # it has exited: the caller starts another
+            return False
+        self.jobs[job.id] = job
+        return True
+
+    def close(self) -> None:
+        """Tell it that no more jobs come: it finishes the one it is on (within its grace period) and exits."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def _read(self) -> None:
+        fd = self.answers.fileno()
+        while True:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                running = self.running
+                if running is not None and time.monotonic() - running[1] > JOB_TIMEOUT_S:
+                    self.proc.kill()
+                    self._end(f"the tuning process ran one job over {JOB_TIMEOUT_S:.0f} s and was stopped")
+                    return
+                continue
+            line = self.answers.readline()
+            if not line:
+                code = self.proc.wait()
+                self._end(None if code == 0 else f"the tuning process exited with code {code} (log: {log_path()})")
+                return
+            message = json.loads(line)
+            if message["event"] == "start":
+                self.running = (message["id"], time.monotonic())
+                continue
+            with _cv:
+                global _peak_mb
+                _peak_mb = max(_peak_mb, float(message.get("peak_mb") or 0.0))
+                self.running = None
+                job = self.jobs.pop(message["id"], None)
+                if job is not None:
+                    results.append((job, message, time.monotonic()))
+                if message.get("idle"):
+                    _idle.add(self.device)
+                _cv.notify_all()
+
+    def _end(self, error: str | None) -> None:
+        """The process is gone: whatever it had not answered counts as failed; if it exited cleanly with jobs
+        unanswered, those were sent as it was leaving, and go to a new process instead."""
+        with _cv:
+            if _workers.get(self.device) is self:
+                del _workers[self.device]
+            orphans = list(self.jobs.values())
+            self.jobs.clear()
+            self.running = None
+            for job in orphans:
+                if error is None and job.epoch == _epoch:
+                    _send(job)  # to a new process (no CUDA here: a Popen and a pipe write)
+                else:
+                    results.append((job, {"error": error, "ms": {}, "failed": {}}, time.monotonic()))
+            _idle.add(self.device)
+            _cv.notify_all()
+        self.answers.close()
 
 
 _cv = threading.Condition()
-_queue: list = []  # heap of (priority, seq, job): graph-replayed specs first, then first come first served
-_seq = itertools.count()
-_pending: set = set()  # (graph, key) queued or running
-_running: _Job | None = None
-_round: dict = {}  # (graph, key) -> Record, published when the queue drains
-_changed = False
+_ids = itertools.count(1)
+_workers: dict[str, _Worker] = {}
+_pending: set = set()  # (graph, call key) sent and not yet collected
+_idle: set = set()  # devices whose tuning process said its queue is empty
+results: list = []  # (job, answer, arrival time): read by poll() on every call, so kept a plain list
 _done = 0
+_peak_mb = 0.0
 _last_error: str | None = None
 _warned = False
 _epoch = 0
-_thread: threading.Thread | None = None
-_streams: dict = {}
-_stopping = False
-_releasing = False  # the queue drained and the tuner's memory is being returned: wait() waits for that too
+
+
+def log_path() -> Path:
+    return _backend.cache_dir() / "dispatch" / "tuner.log"
+
+
+def _log_file():
+    """The tuning process's stdout and stderr (compiler output, tracebacks): appended, restarted past 8 MiB."""
+    path = log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        big = path.exists() and path.stat().st_size > (8 << 20)
+        return open(path, "wb" if big else "ab")
+    except OSError:
+        return open(os.devnull, "wb")
 
 
 def submit(spec: Spec, graph: bool, key: tuple, meta: tuple) -> None:
-    """Queue a spec (no-op if it is queued or running already); starts the thread on first use."""
-    global _thread
+    """Send a call's metadata to the tuning process of its device (started if none runs); no-op if it was sent."""
     with _cv:
-        if (graph, key) in _pending or _stopping:
+        if (graph, key) in _pending:
             return
         _pending.add((graph, key))
-        job = _Job(spec, graph, key, meta, store.timings_path(), _epoch)
-        heapq.heappush(_queue, (0 if graph else 1, next(_seq), job))
-        if _thread is None:
-            _thread = threading.Thread(target=_work, name="taesd_fast-tuner", daemon=True)
-            _thread.start()
+        _send(_Job(next(_ids), spec, graph, key, _epoch, meta))
+
+
+def _send(job: _Job) -> None:
+    """Under _cv."""
+    message = {"id": job.id, "spec": spec_to_json(job.spec), "graph": job.graph, "meta": meta_to_json(job.meta),
+               "path": str(store.timings_path()), "env": {v: os.environ.get(v) for v in _CACHE_VARS},
+               "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
+    _idle.discard(job.spec.device)
+    for _ in range(2):
+        worker = _workers.get(job.spec.device)
+        if worker is None or worker.owner != os.getpid():
+            try:
+                worker = _workers[job.spec.device] = _Worker(job.spec.device)
+            except OSError as e:
+                results.append((job, {"error": f"could not start the tuning process: {e}", "ms": {}, "failed": {}},
+                                time.monotonic()))
+                return
+        if worker.send(job, message):
+            return
+        _workers.pop(job.spec.device, None)
+    results.append((job, {"error": "the tuning process did not take the job", "ms": {}, "failed": {}},
+                    time.monotonic()))
+
+
+def poll() -> None:
+    """The cheap check at the start of a call: pick up what the tuning processes answered, on this thread."""
+    if results and _ready_to_publish():
+        collect()
+
+
+def _ready_to_publish() -> bool:
+    busy = any(w.jobs for w in list(_workers.values()))
+    return not busy or len(_idle) > 0 or time.monotonic() - results[0][2] > PUBLISH_AFTER_S
+
+
+def collect() -> bool:
+    """Decide every answered job from the timings the tuning process stored, and publish the decisions. Returns
+    False (doing nothing) while the calling stream captures a CUDA graph."""
+    global _done, _last_error, _warned
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return False
+    with _cv:
+        answered, results[:] = list(results), []
+        _idle.clear()
+    finals, changed, first_error = {}, False, None
+    for job, answer, _ in answered:
+        with _cv:
+            _pending.discard((job.graph, job.key))
+        if job.epoch != _epoch:
+            continue
+        spec, error = job.spec, answer.get("error")
+        try:
+            rec = _decide(job, answer) if error is None else None
+        except Exception as e:  # noqa: BLE001 - deciding (importing a kernel module) failed here: PyTorch
+            error, rec = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}", None
+        if rec is None:
+            rec = decide.provisional(spec)
+            rec.why = f"PyTorch: tuning failed ({error})"
+            _last_error = error
+            first_error = first_error or (spec, error)
+        finals[(job.graph, job.key)] = rec
+        changed = changed or rec.choice != table.reference(spec.kind).name
+        _done += 1
+    if finals:
+        decide.publish(finals, changed)
+    with _cv:
         _cv.notify_all()
+    if first_error is not None and not _warned:
+        _warned = True
+        spec, error = first_error
+        warnings.warn(f"taesd_fast: tuning failed for {spec.kind} {spec.x_shape} ({error}); such calls keep running "
+                      "PyTorch (dispatch.tuning_status() has the last error)", RuntimeWarning, stacklevel=2)
+    return True
+
+
+def _decide(job: _Job, answer: dict) -> decide.Record:
+    spec = job.spec
+    rows, skipped = decide.eligible(spec, "auto")
+    tkey = spec.key(decide.device_name(spec.device), job.graph)
+    store.remember(tkey, answer.get("ms", {}), answer.get("failed", {}))
+    entry = store.get(tkey)
+    why = "measured in the tuning process" if answer.get("ms") else "cached timings"
+    if not any(r.kernel for r in rows):
+        return decide.pick(spec, "auto", rows, skipped, None, "", job.graph)
+    return decide.pick(spec, "auto", rows, skipped, entry, why, job.graph)
 
 
 def wait(timeout: float | None = None) -> bool:
-    """Block until every queued job is done and published; False if `timeout` seconds passed first."""
-    with _cv:
-        return _cv.wait_for(lambda: not _queue and _running is None and not _releasing, timeout)
+    """Block until every job sent is answered, then put the answers in effect (on this thread). False if
+    `timeout` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _cv:
+            done = _cv.wait_for(lambda: not any(w.jobs for w in _workers.values()),
+                                None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not done:
+            return False
+        if not results:
+            return True
+        if not collect():
+            return False  # capturing: nothing can be put in effect now
 
 
 def status() -> TuningStatus:
     with _cv:
-        return TuningStatus(len(_queue) + (_running is not None), _done, _last_error, decide.state.generation)
+        pending = len(_pending)
+        pids = [w.proc.pid for w in _workers.values() if w.proc.poll() is None]
+        return TuningStatus(pending, _done, _last_error, decide.state.generation, pids, _peak_mb)
 
 
 def reset() -> None:
-    """Drop queued jobs and forget results (clear_cache); a job already running finishes but is not published."""
-    global _round, _changed, _done, _last_error, _epoch
+    """Forget jobs and answers (clear_cache); the tuning processes are told to finish and exit."""
+    global _done, _last_error, _epoch
     with _cv:
-        _queue.clear()
-        _pending.clear()
-        if _running is not None:
-            _pending.add((_running.graph, _running.key))
-        _round, _changed, _done, _last_error = {}, False, 0, None
         _epoch += 1
+        _pending.clear()
+        results.clear()
+        _idle.clear()
+        _done, _last_error = 0, None
+        for worker in list(_workers.values()):
+            worker.jobs.clear()  # answers to them are dropped
+            worker.close()
+        _workers.clear()
         _cv.notify_all()
 
 
-def _stream(device: str):
-    if device not in _streams:
-        _streams[device] = torch.cuda.Stream(torch.device(device))
-    return _streams[device]
-
-
-def _tune(job: _Job) -> decide.Record:
-    """The decision for one job, timing and loading kernels as needed. Holds no lock but gpu_lock's steps."""
-    spec, graph = job.spec, job.graph
-    with ExitStack() as ctx:
-        ctx.enter_context(torch.no_grad())
-        if spec.on_cuda:
-            with measure.tuner_step():  # creating a stream and probing NVRTC (it loads a module) stay out of captures
-                stream = _stream(spec.device)
-                _backend.kernels_unavailable_reason(spec.device)
-            ctx.enter_context(torch.cuda.device(torch.device(spec.device)))
-            ctx.enter_context(torch.cuda.stream(stream))
-        rows, skipped = decide.eligible(spec, "auto")
-        if not any(r.kernel for r in rows):
-            return decide.pick(spec, "auto", rows, skipped, None, "", graph)
-        tkey = spec.key(decide.device_name(spec.device), graph)
-        entry, why = store.get(tkey), "cached timings"
-        if decide.needs_timing(rows, entry):
-            ms, failed = measure.time_candidates(rows, spec, job.meta, graph)
-            store.put(tkey, ms, failed, job.path)
-            entry, why = {"ms": ms, "failed": failed}, "measured in the background"
-        rec = decide.pick(spec, "auto", rows, skipped, entry, why, graph)
-        row = table.row(spec.kind, rec.choice)
-        if row.kernel and not row.ready(spec):
-            measure.warm(row, spec, job.meta)
-        return rec
-
-
-def _release_memory() -> None:
-    """Return the stand-ins' memory to the driver when the queue drains: the caching allocator keeps blocks per
-    stream, so what the tuner's stream cached could not serve the caller's allocations. Under gpu_lock: no
-    capture of ours is under way."""
-    if _streams:
-        with measure.tuner_step():
-            torch.cuda.empty_cache()
-
-
-def _work() -> None:
-    global _running, _round, _changed, _done, _last_error, _warned, _releasing
-    while True:
-        with _cv:
-            while not _queue:
-                _cv.wait()
-            job = heapq.heappop(_queue)[2]
-            _running = job
-        error = None
-        try:
-            rec = _tune(job)
-        except Exception as e:  # noqa: BLE001 - the calls keep running PyTorch; say so once
-            error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-            rec = decide.provisional(job.spec)
-            rec.why = f"PyTorch: background tuning failed ({error})"
-        with _cv:  # lock order: gpu_lock, then _cv (a capture may queue work); never _cv then gpu_lock
-            _running = None
-            _pending.discard((job.graph, job.key))
-            if job.epoch == _epoch:
-                _done += 1
-                _round[(job.graph, job.key)] = rec
-                _changed = _changed or rec.choice != table.reference(job.spec.kind).name
-                if error is not None:
-                    _last_error = error
-            drained = _releasing = not _queue
-            if drained:
-                decide.publish(_round, _changed)
-                _round, _changed = {}, False
-            _cv.notify_all()
-        if drained:
-            try:
-                _release_memory()
-            finally:
-                with _cv:
-                    _releasing = False
-                    _cv.notify_all()
-        if error is not None and not _warned:
-            _warned = True
-            warnings.warn(f"taesd_fast: background tuning failed for {job.spec.kind} {job.spec.x_shape} ({error}); "
-                          "such calls keep running PyTorch (dispatch.tuning_status() has the last error)",
-                          RuntimeWarning, stacklevel=1)
-
-
 @atexit.register
-def _stop(timeout: float = 5.0) -> None:
-    """At exit: drop queued jobs and give a running one a moment, so the thread is not cut off inside a CUDA call
-    while the interpreter tears down."""
-    global _stopping
-    measure.stop.set()
-    with _cv:
-        _stopping = True
-        _queue.clear()
-        _cv.wait_for(lambda: _running is None, timeout)
+def _stop() -> None:
+    """At exit: close the tuning processes' stdin and return at once. Each finishes its current job if it can
+    within its grace period (the timings are kept) and exits; none outlives this process by more than that."""
+    for worker in list(_workers.values()):
+        if worker.owner == os.getpid():
+            worker.close()

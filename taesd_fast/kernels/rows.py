@@ -13,7 +13,9 @@ read the input's layout natively first, so NCHW inputs reach the SIMT convs.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import threading
 
 from .row import KernelRow
 
@@ -38,7 +40,17 @@ def _ready(module: str, attr: str = "spec_ready", *extra):
 
 
 def _run(module: str, attr: str = "run", **fixed):
-    return lambda *args: getattr(_module(module), attr)(*args, **fixed)
+    """The row's launch: its module's function, imported at the first call and called directly from then on, so a
+    call path that torch.compile traces holds no import."""
+    fn = None
+
+    def run(*args):
+        nonlocal fn
+        if fn is None:
+            fn = functools.partial(getattr(_module(module), attr), **fixed)
+        return fn(*args)
+
+    return run
 
 
 def _conv(name: str, module: str, layouts: tuple = ("channels_last",), nvrtc: bool = False) -> KernelRow:
@@ -102,3 +114,32 @@ def row(kind: str, name: str) -> KernelRow:
         if r.kind == kind and r.name == name:
             return r
     raise KeyError(f"no {kind} kernel row named {name!r} (have: {[r.name for r in KERNEL_ROWS if r.kind == kind]})")
+
+
+_importing: threading.Thread | None = None
+
+
+def import_in_background() -> None:
+    """Import every kernel module (Triton, Gluon, the launch wrappers) on a daemon thread, once per process, and
+    have Triton compute its own cache key (a hash of its installation, ~0.4 s): the first call on a GPU then finds
+    them ready instead of spending about a second on them. Nothing there touches CUDA."""
+    global _importing
+    if _importing is None:
+        _importing = threading.Thread(target=_import_all, name="taesd_fast-imports", daemon=True)
+        _importing.start()
+
+
+def _import_all() -> None:
+    for name in dict.fromkeys([r.module for r in KERNEL_ROWS] + ["head_fused"]):
+        try:
+            _module(name)
+        except Exception:  # noqa: BLE001 - the row reports why when it is asked
+            pass
+    try:
+        from triton.runtime.cache import triton_key  # Triton's private helper; cached per process
+    except Exception:  # noqa: BLE001 - absent or moved: the first compile or load computes it
+        return
+    try:
+        triton_key()
+    except Exception:  # noqa: BLE001
+        pass

@@ -39,11 +39,17 @@ def nhwc_desc(t: Tensor, block: list, layout) -> "TensorDescriptor":
 
 def aligned_nhwc(t: Tensor | None) -> Tensor | None:
     """t as dense channels_last with a 16-byte aligned base, which TMA needs: t itself when it already is, else a
-    copy (one extra pass; a view into a larger buffer at an odd offset is the usual cause)."""
+    copy (one extra pass; a view into a larger buffer at an odd offset is the usual cause). A size-1 dimension
+    may carry any stride in torch (a [B, C, 1, 1] NCHW tensor counts as channels_last with W stride 1); TMA wants
+    every outer stride a 16-byte multiple, so such a dimension gets the dense stride, over the same memory."""
     if t is None:
         return None
     t = t.contiguous(memory_format=torch.channels_last)
-    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.channels_last)
+    if t.data_ptr() % 16:
+        t = t.clone(memory_format=torch.channels_last)
+    b, c, h, w = t.shape
+    dense = (h * w * c, 1, w * c, c)
+    return t if t.stride() == dense else t.as_strided(t.shape, dense)
 
 
 def frames_layout(t: Tensor, frames: int) -> tuple[list[int], list[int]]:

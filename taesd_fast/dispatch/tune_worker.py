@@ -1,0 +1,195 @@
+"""The tuning process: `python -m taesd_fast.dispatch.tune_worker RESULT_FD`, started by tuner.py, never imported
+by the user's process.
+
+It reads jobs from stdin, one JSON object a line: the call's metadata only (Spec, argument shapes, strides, dtypes
+and devices, the timings file, the cache folders). For each it finds the eligible rows, compiles them (on several
+threads, so ptxas, the launcher builds and NVRTC overlap), times them on stand-ins from its own generator, writes
+the timings to the store and the compiled kernels to the on-disk caches, and answers on RESULT_FD:
+{"event": "start", "id"} when it begins a job, {"event": "done", "id", "ms", "failed", "error", "idle"} when it
+ends one ("idle": nothing else is queued).
+
+All GPU work of tuning happens here, so none of it can meet the user's synchronizes, RNG draws or captures. Before a
+job it checks the GPU's free memory: a job that needs more than the budget (the smaller of
+TAESD_FAST_TUNING_MEMORY_MB, default 4096, and 10% of free memory) is not timed and its calls stay on PyTorch; the
+allocator is capped at the budget too, so a wrong estimate fails a candidate, not the user's allocation.
+
+It exits when its queue has been empty for IDLE_EXIT_S, and when its parent goes (stdin closed or the parent
+process gone): it goes on with the jobs it has for at most EXIT_GRACE_S, so quick work is kept, then stops.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+IDLE_EXIT_S = 2.0
+EXIT_GRACE_S = 5.0
+MEMORY_SHARE = 0.10  # of the GPU's free memory
+DEFAULT_MEMORY_MB = 4096
+
+
+class _Inbox:
+    """Jobs read from stdin, graph-replayed specs first; records when the parent has gone."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.heap: list = []
+        self.parent_gone = False
+
+    def read(self, stream) -> None:
+        for line in stream:
+            line = line.strip()
+            if not line:
+                continue
+            job = json.loads(line)
+            with self.cv:
+                heapq.heappush(self.heap, (0 if job.get("graph") else 1, job["id"], job))
+                self.cv.notify_all()
+        self.gone()
+
+    def watch(self, parent: int) -> None:
+        while not self.parent_gone:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                self.gone()
+
+    def gone(self) -> None:
+        """The parent closed stdin or died: go on for at most the grace period, then exit."""
+        with self.cv:
+            if self.parent_gone:
+                return
+            self.parent_gone = True
+            self.cv.notify_all()
+        timer = threading.Timer(EXIT_GRACE_S, os._exit, (0,))
+        timer.daemon = True
+        timer.start()
+
+    def next(self):
+        """The next job, or None when it is time to exit (idle, or the parent gone and nothing left)."""
+        with self.cv:
+            self.cv.wait_for(lambda: self.heap or self.parent_gone, IDLE_EXIT_S)
+            if not self.heap:
+                return None
+            return heapq.heappop(self.heap)[2]
+
+    def idle(self) -> bool:
+        with self.cv:
+            return not self.heap
+
+
+def _setup_hook() -> None:
+    """TAESD_FAST_TUNER_SETUP=module:function is called once at start: the CPU tests install a fake row set and
+    a fake measure with it, so the protocol runs end to end in CI."""
+    hook = os.environ.get("TAESD_FAST_TUNER_SETUP", "").strip()
+    if hook:
+        module, _, func = hook.partition(":")
+        getattr(importlib.import_module(module), func)()
+
+
+def _memory_budget(device: str) -> int:
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    limit = int(float(os.environ.get("TAESD_FAST_TUNING_MEMORY_MB", DEFAULT_MEMORY_MB)) * (1 << 20))
+    return min(limit, int(MEMORY_SHARE * free))
+
+
+def _cap_allocator(device: str, budget: int) -> None:
+    import torch
+
+    from . import measure
+
+    measure.capped = True
+    d = torch.device(device)
+    total = torch.cuda.get_device_properties(d).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved(d) + budget) / total), d)
+
+
+def tune(job: dict) -> dict:
+    """One job: {"ms", "failed"} (row name -> ms / why), timings stored in job["path"]. Logs a line per job."""
+    import torch
+
+    t0 = time.perf_counter()
+    from . import decide, measure, store
+    from .spec import meta_from_json, spec_from_json
+
+    for var, value in job.get("env", {}).items():  # the parent's cache folders at the time of the call
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    torch.backends.cudnn.benchmark = bool(job.get("cudnn_benchmark", torch.backends.cudnn.benchmark))
+    spec, meta, graph = spec_from_json(job["spec"]), meta_from_json(job["meta"]), bool(job["graph"])
+    rows, skipped = decide.eligible(spec, "auto")
+    if not any(r.kernel for r in rows):
+        return {"ms": {}, "failed": {}}
+    tkey = spec.key(decide.device_name(spec.device), graph)
+    entry = store.get(tkey)
+    if not decide.needs_timing(rows, entry):  # another process timed it meanwhile
+        return {"ms": entry["ms"], "failed": {}}
+    threads = int(os.environ.get("TAESD_FAST_TUNING_THREADS", min(8, os.cpu_count() or 1)))
+    if not spec.on_cuda:
+        ms, failed = measure.time_candidates(rows, spec, meta, graph, threads=threads)
+    else:
+        budget, need = _memory_budget(spec.device), measure.bytes_needed(spec, meta)
+        if need > budget:
+            why = (f"not tuned: timing needs ~{need / 2**30:.2f} GiB of GPU memory, over the tuning budget of "
+                   f"{budget / 2**30:.2f} GiB (TAESD_FAST_TUNING_MEMORY_MB, 10% of free memory)")
+            return {"ms": {}, "failed": {r.name: why for r in rows if r.kernel}}
+        threads = max(1, min(threads, 1 + (budget - need) // max(1, measure.output_bytes(spec))))
+        _cap_allocator(spec.device, budget)
+        try:
+            with torch.cuda.device(torch.device(spec.device)), torch.no_grad():
+                ms, failed = measure.time_candidates(rows, spec, meta, graph, threads=threads)
+        finally:
+            torch.cuda.empty_cache()
+    store.put(tkey, ms, failed, Path(job["path"]) if job.get("path") else None)
+    best = min(ms, key=ms.get) if ms else "-"
+    print(f"{time.strftime('%H:%M:%S')} job {job['id']}: {spec.kind} x{spec.x_shape} w{spec.w_shape} "
+          f"graph={int(graph)}: {len(rows)} rows, {threads} threads, {time.perf_counter() - t0:.1f} s, fastest "
+          f"{best}" + "".join(f"\n  {name} {why}" for name, why in failed.items()), flush=True)
+    return {"ms": ms, "failed": failed}
+
+
+def _peak_mb() -> float:
+    """The most GPU memory this process's allocator has held (0 before any CUDA use)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return 0.0
+    return max(torch.cuda.max_memory_reserved(d) for d in range(torch.cuda.device_count())) / 2**20
+
+
+def main(argv: list[str]) -> int:
+    out = os.fdopen(int(argv[1]), "w", buffering=1)
+
+    def send(**message) -> None:
+        try:
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+        except OSError:  # the parent has gone: nobody to tell
+            inbox.gone()
+
+    inbox = _Inbox()
+    threading.Thread(target=inbox.read, args=(sys.stdin,), daemon=True).start()
+    threading.Thread(target=inbox.watch, args=(os.getppid(),), daemon=True).start()
+    _setup_hook()
+    while True:
+        job = inbox.next()
+        if job is None:
+            return 0
+        send(event="start", id=job["id"])
+        try:
+            reply, error = tune(job), None
+        except Exception as e:  # noqa: BLE001 - reported to the parent, whose calls keep running PyTorch
+            reply, error = {"ms": {}, "failed": {}}, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        send(event="done", id=job["id"], error=error, idle=inbox.idle(), peak_mb=_peak_mb(), **reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
