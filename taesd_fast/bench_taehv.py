@@ -173,22 +173,23 @@ def plain_decoder_like(model) -> PlainTAEHVDecoder:
     return plain.eval().requires_grad_(False)
 
 
-def random_decoder(variant: str, seed: int = 0):
-    """A decoder-only TAEHV in the published `variant` layout with random weights (fp32, CPU), scaled so activations
-    keep their size through the network and most decoded pixels land inside (0, 1), where the final clamp does not
-    hide differences between implementations."""
+def random_decoder(variant: str, seed: int = 0, encoder: bool = False):
+    """A decoder-only TAEHV (with encoder=True, the whole model) in the published `variant` layout with random
+    weights (fp32, CPU), scaled so activations keep their size through the network and most decoded pixels land
+    inside (0, 1), where the final clamp does not hide differences between implementations."""
     from .taehv import TAEHV
 
-    model = TAEHV(variant, encoder=False)
+    model = TAEHV(variant, encoder=encoder)
     gen = torch.Generator().manual_seed(seed)
-    convs = [m for m in model.decoder.modules() if isinstance(m, nn.Conv2d)]
-    with torch.no_grad():
-        for i, conv in enumerate(convs):
-            last = i == len(convs) - 1
-            fan_in = conv.weight[0].numel()
-            conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * (0.3 if last else 1.0) / fan_in ** 0.5)
-            if conv.bias is not None:
-                conv.bias.copy_(0.05 * torch.randn(conv.bias.shape, generator=gen) + (0.5 if last else 0.0))
+    for part in filter(None, (model.decoder, model.encoder)):
+        convs = [m for m in part.modules() if isinstance(m, nn.Conv2d)]
+        with torch.no_grad():
+            for i, conv in enumerate(convs):
+                last = part is model.decoder and i == len(convs) - 1
+                fan_in = conv.weight[0].numel()
+                conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * (0.3 if last else 1.0) / fan_in ** 0.5)
+                if conv.bias is not None:
+                    conv.bias.copy_(0.05 * torch.randn(conv.bias.shape, generator=gen) + (0.5 if last else 0.0))
     return model.eval().requires_grad_(False)
 
 
@@ -225,14 +226,21 @@ def _fp32_exact():
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref||, frame by frame on out's device (ref may be a large CPU tensor)."""
+    return errors(out, ref)[1]
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max |out - ref|, ||out - ref|| / ||ref||), frame by frame on out's device (ref may be a large CPU tensor)."""
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
-    num = den = 0.0
+    num = den = worst = 0.0
     for o, r in zip(out.unbind(1), ref.unbind(1)):
         r = r.to(o.device, torch.float32)
-        num += (o.float() - r).square().sum().item()
+        diff = o.float() - r
+        num += diff.square().sum().item()
         den += r.square().sum().item()
-    return math.sqrt(num / den)
+        worst = max(worst, diff.abs().max().item())
+    return worst, math.sqrt(num / den)
 
 
 def withhold_if_wrong(entry: dict, torch_fp16_err: float) -> dict:

@@ -18,9 +18,12 @@ import torch.nn.functional as F
 from . import dispatch, graphs
 from .layers import conv_weights_channels_last, name_layers, preferred_layout
 from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
-from .taehv_layers import TAEHVArch, Preview, build_decoder, build_encoder, memory_indices, run_sequence
+from .taehv_layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
+                           run_sequence)
 from .taehv_stream import StreamState, check_video, graphed_step, replayable
 from .validation import as_float_dtype, check_device
+
+CHUNK_BYTES = 3 << 29  # 1.5 GiB of activations per chunk of decode_video / encode_video (TAEHV.chunk_bytes)
 
 
 class TAEHV(nn.Module):
@@ -30,6 +33,9 @@ class TAEHV(nn.Module):
     Preview knobs (`set_preview`): switch each decoder stage's time or space upscaling off for a cheaper decode.
     cuda_graphs (default True): on CUDA, `decode_step` / `encode_step` replay a CUDA graph from a stream's second
     step with the same input shape on.
+    chunk_bytes (default CHUNK_BYTES): `decode_video` / `encode_video` run as many latent frames at a time as keep
+    the estimated activations within this many bytes (at least one), so their memory is the output's plus one
+    chunk's at any video length; the result does not depend on it.
     """
 
     def __init__(self, variant: str | TAEHVArch = "taew2_1", encoder: bool = True, decoder: bool = True):
@@ -43,6 +49,7 @@ class TAEHV(nn.Module):
         name_layers(self)
         self.preview = Preview()
         self.cuda_graphs = True
+        self.chunk_bytes = CHUNK_BYTES
 
     # ------------------------------------------------------------------------------------------ properties
 
@@ -150,40 +157,68 @@ class TAEHV(nn.Module):
     def encode_video(self, video: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
         """[N, T, 3, H, W] in [0, 1] -> [N, ceil(T / t_downscale), C, H / (8p), W / (8p)] latents.
 
-        The end is padded with copies of the last frame up to a multiple of t_downscale. parallel=False encodes
-        t_downscale frames at a time (memory bounded by one step, same result)."""
+        The end is padded with copies of the last frame up to a multiple of t_downscale. The frames run through the
+        streaming state in chunks sized by `chunk_bytes` (the latents equal a whole-video encode's), so memory
+        does not grow with the video's length; parallel=False encodes t_downscale frames at a time."""
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
-        pad = -video.shape[1] % self.t_downscale
-        if pad:
-            video = torch.cat([video, video[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
-        if parallel:
-            return self.encode_step(video)[0]
-        steps = video.split(self.t_downscale, 1)
-        state, out = None, []
-        for frames in _progress(steps, show_progress_bar, "encoding"):
-            latents, state = self.encode_step(frames, state)
-            out.append(latents)
-        return torch.cat(out, 1)
+        n, t, _, h, w = video.shape
+        td, steps = self.t_downscale, -(-video.shape[1] // self.t_downscale)
+        side = self.arch.space_scale
+        out = torch.empty(n, steps, self.latent_channels, h // side, w // side, dtype=param.dtype,
+                          device=param.device)
+        chunk = self._chunk_length("encoder", steps, h, w, param) if parallel else 1
+        state = None
+        for start, stop in _progress(chunk_spans(steps, chunk), show_progress_bar, "encoding"):
+            frames = video[:, start * td:stop * td]
+            pad = (stop - start) * td - frames.shape[1]  # the last chunk: repeat the last frame
+            if pad:
+                frames = torch.cat([frames, frames[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
+            latents, state = self._encode(frames, state, param, graphed=False)
+            out[:, start:stop] = latents
+        return out
 
     def decode_video(self, latents: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False,
                      uint8: bool = False) -> torch.Tensor:
         """[N, T, C, h, w] latents -> [N, t_upscale*T - frames_to_trim, 3, H, W] frames in [0, 1] (4T - 3 for the
         4x-time models; taecvx keeps all 4T frames when T is even, as upstream).
 
-        parallel=False decodes one latent frame per step (memory bounded by one step, same result).
-        uint8: frames as uint8 in [0, 255] (rounded), for writing video."""
+        The latent frames run through the streaming state in chunks sized by `chunk_bytes`, each chunk's frames
+        written into the one output tensor: the frames equal a whole-video decode's, and memory beyond the output
+        does not grow with the video's length. parallel=False decodes one latent frame per chunk.
+        uint8: frames as uint8 in [0, 255] (rounded), for writing video (half or a quarter of the output memory)."""
         param = self._param("decoder")
         check_video(latents, "latents", self.latent_channels, param)
-        trim = 0 if self._untrimmed(latents.shape[1]) else self.frames_to_trim
-        if parallel:
-            frames, _ = self._decode(latents, None, uint8, param)
-            return frames[:, trim:]
-        state, out = None, []
-        for t in _progress(range(latents.shape[1]), show_progress_bar, "decoding"):
-            frames, state = self._decode(latents[:, t:t + 1], state, uint8, param)
-            out.append(frames)
-        return torch.cat(out, 1)[:, trim:]
+        n, t, _, h, w = latents.shape
+        trim = 0 if self._untrimmed(t) else self.frames_to_trim
+        side = self.space_upscale
+        out = torch.empty(n, self.t_upscale * t - trim, 3, h * side, w * side,
+                          dtype=torch.uint8 if uint8 else param.dtype, device=param.device)
+        chunk = self._chunk_length("decoder", t, h, w, param) if parallel else 1
+        state, written = None, 0
+        for start, stop in _progress(chunk_spans(t, chunk), show_progress_bar, "decoding"):
+            skip = trim if start == 0 else 0
+            count = self.t_upscale * (stop - start) - skip
+            _, state = self._decode(latents[:, start:stop], state, uint8, param, into=out[:, written:written + count],
+                                    skip=skip)
+            written += count
+        return out
+
+    def _chunk_length(self, part: str, total: int, h: int, w: int, param: torch.Tensor) -> int:
+        """Latent frames per chunk of encode_video / decode_video (of `total`): as many as keep a chunk's
+        activations within `chunk_bytes`, at least 1."""
+        return max(1, int(min(total, self.chunk_bytes / self._bytes_per_latent(part, h, w, param))))
+
+    def _bytes_per_latent(self, part: str, h: int, w: int, param: torch.Tensor) -> int:
+        """Activation bytes alive at once per latent frame of an h x w input (estimated by `live_elements`)."""
+        seq = getattr(self, part)
+        if part == "decoder":
+            elements = live_elements(seq, self.latent_channels, h, w, preview=self.preview, output_copies=3)
+        else:  # t_downscale frames per latent, unshuffled into patches (the chunk's input and its copy count too)
+            p = self.patch_size
+            elements = live_elements(seq, 3 * p * p, h // p, w // p, frames=self.t_downscale) \
+                + 2 * 3 * h * w * self.t_downscale
+        return elements * param.element_size()
 
     def _untrimmed(self, latent_frames: int | None) -> bool:
         """taecvx: upstream skips the startup trim for even latent counts (and always when streaming)."""
@@ -211,22 +246,34 @@ class TAEHV(nn.Module):
         Start with state=None; pad the end of a video yourself (repeat its last frame), as `encode_video` does."""
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
-        n, t, _, h, w = video.shape
-        if t % self.t_downscale:
+        if video.shape[1] % self.t_downscale:
             raise ValueError(f"encode_step takes a multiple of {self.t_downscale} frames (the encoder's time "
-                             f"downscale), got {t}; pad with copies of the last frame")
+                             f"downscale), got {video.shape[1]}; pad with copies of the last frame")
+        return self._encode(video, state, param)
+
+    def _encode(self, video: torch.Tensor, state: StreamState | None, param: torch.Tensor, graphed: bool = True):
+        n, t, _, h, w = video.shape
         x = preferred_layout(video.reshape(n * t, 3, h, w))
         if self.patch_size > 1:
             x = F.pixel_unshuffle(x, self.patch_size)
         state = self._state("encoder", state, n, h, w, param)
-        out = self._stream(self.encoder, x, state)
+        out = self._stream(self.encoder, x, state, graphed=graphed)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
 
-    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor):
+    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor,
+                into: torch.Tensor | None = None, skip: int = 0):
+        """Decode a chunk of latent frames on the stream's state. With `into` (a chunk of decode_video's output)
+        the step runs eagerly and its frames after the first `skip` are written there; otherwise they are
+        returned (a graph replay on CUDA from the stream's second step)."""
         n, k, c, h, w = latents.shape
         state = self._state("decoder", state, n, h, w, param)
-        out = self._stream(self.decoder, preferred_layout(latents.reshape(n * k, c, h, w)), state, uint8=uint8)
-        return out.reshape(n, -1, *out.shape[1:]), state
+        x = preferred_layout(latents.reshape(n * k, c, h, w))
+        if into is None:
+            out = self._stream(self.decoder, x, state, uint8=uint8)
+            return out.reshape(n, -1, *out.shape[1:]), state
+        out = self._stream(self.decoder, x, state, graphed=False, postprocess=False)
+        self._postprocess(out, uint8, into=into, skip=skip)
+        return into, state
 
     def _state(self, part: str, state: StreamState | None, n: int, h: int, w: int, param) -> StreamState:
         preview = self.preview if part == "decoder" else None
@@ -242,17 +289,21 @@ class TAEHV(nn.Module):
                              f"{_describe(signature)}; start a new stream with state=None")
         return state
 
-    def _stream(self, seq: nn.Sequential, x: torch.Tensor, state: StreamState, uint8: bool = False) -> torch.Tensor:
-        """run_sequence on the state's memory; on CUDA a graph replay from the second call with this shape on."""
+    def _stream(self, seq: nn.Sequential, x: torch.Tensor, state: StreamState, uint8: bool = False,
+                graphed: bool = True, postprocess: bool = True) -> torch.Tensor:
+        """run_sequence on the state's memory (then the decoder's postprocess, unless postprocess=False); on CUDA
+        with `graphed`, a graph replay from the second call with this shape on. decode_video / encode_video run
+        their chunks eagerly: a graph's private memory pool would hold a second chunk's worth of activations."""
         batch = state.signature[0]
         preview = self.preview if state.part == "decoder" else None
+        post = postprocess and state.part == "decoder"
 
         def step(inp: torch.Tensor) -> torch.Tensor:
             out = run_sequence(seq, inp, batch, state.memory, preview)
-            return self._postprocess(out, uint8) if state.part == "decoder" else out
+            return self._postprocess(out, uint8) if post else out
 
         with torch.no_grad():
-            if not (self.cuda_graphs and replayable(x)):
+            if not (graphed and self.cuda_graphs and replayable(x)):
                 out = step(x)
             else:
                 with torch.cuda.device(x.device):  # capture and replay on the input's GPU
@@ -260,11 +311,20 @@ class TAEHV(nn.Module):
         state.steps += 1
         return out
 
-    def _postprocess(self, out: torch.Tensor, uint8: bool) -> torch.Tensor:
+    def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor | None = None,
+                     skip: int = 0) -> torch.Tensor:
+        """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked.
+        Returns [N*k, 3, H, W]; with `into` ([N, k', 3, H, W]) writes the frames after the first `skip` of each
+        sample there instead (no frame-sized copy beyond the clamp's)."""
         if self.patch_size > 1:
             out = F.pixel_shuffle(out, self.patch_size)
-        out = out.clamp(0, 1)
-        return out.mul(255).round().to(torch.uint8) if uint8 else out
+        if into is None:
+            out = out.clamp(0, 1)
+            return out.mul(255).round().to(torch.uint8) if uint8 else out
+        frames = out.reshape(into.shape[0], -1, *out.shape[1:])[:, skip:]
+        if not uint8:
+            return torch.clamp(frames, 0, 1, out=into)
+        return into.copy_(frames.clamp(0, 1).mul_(255).round_())
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -302,6 +362,14 @@ def _flags(value, name: str) -> tuple:
 def _describe(signature: tuple) -> str:
     n, h, w, dtype, device, _ = signature
     return f"batch {n} at {h}x{w} ({str(dtype).replace('torch.', '')} on {device})"
+
+
+def chunk_spans(total: int, most: int) -> list[tuple[int, int]]:
+    """(start, stop) of the fewest chunks of at most `most` that cover range(total), their lengths within one of
+    each other (no short last chunk: every chunk's convs get a similar batch)."""
+    count = -(-total // most)
+    bounds = [total * i // count for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _progress(items, show: bool, what: str):

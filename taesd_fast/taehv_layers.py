@@ -263,3 +263,57 @@ def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j:
     out = block(x, past)
     memory[j].copy_(frames[:, -1])
     return out
+
+
+def live_elements(seq: nn.Sequential, channels: int, height: int, width: int, frames: int = 1,
+                  preview: Preview | None = None, output_copies: int = 0) -> int:
+    """The most activation elements alive at once while `run_sequence` takes `frames` frames of `channels` x
+    height x width through seq (weights and the input itself not counted), on the dispatcher's PyTorch path: a
+    conv's ReLU or residual add is a second output-sized tensor, the base decoder's nearest upsample a tensor of
+    its own. decode_video / encode_video size their chunks of frames by it, so a long video's decode needs the
+    memory of one chunk plus its output. `output_copies`: how many copies of seq's output are alive together
+    after it (the decoder's output, pixel shuffle and clamp: 3).
+
+    It walks the layers as `run_sequence` groups them and counts each group's tensors that are alive together: a
+    memory block holds its input, the past frames, the concatenation and its convs' outputs; an upsample group
+    its input, TGrow's output, the upsampled tensor and the conv's outputs."""
+    modules = list(seq)
+    c, px, f = channels, height * width, frames
+    peak, stage, i = 0, 0, 0
+    while i < len(modules):
+        m = modules[i]
+        size = c * px * f
+        if isinstance(m, MemBlock):  # at the first conv: x, past, cat, 2 outputs; at the last: x, past, 5 outputs
+            n_in, n_out = m.conv[0].in_channels // 2, m.conv[0].out_channels
+            peak = max(peak, max(4 * n_in + 2 * n_out, 2 * n_in + 5 * n_out) * px * f)
+            c, i = n_out, i + 1
+        elif isinstance(m, SuperMemBlock):  # x, past, the depthwise output (2c), the expansion and its ReLU (4c each)
+            peak, i = max(peak, 12 * size), i + 1
+        elif isinstance(m, Clamp):  # the input, its soft clamp, the conv's 2 outputs
+            conv = modules[i + 1]
+            peak = max(peak, 3 * size, 2 * size + 2 * conv.out_channels * px * f)
+            c, i = conv.out_channels, i + 2
+        elif isinstance(m, nn.Upsample):  # the input, TGrow's output, the upsampled tensor, the conv's 2 outputs
+            grow, conv = modules[i + 1], modules[i + 2]
+            t = grow.stride if preview is None or preview.time[stage] else 1
+            s = 4 if preview is None or preview.space[stage] else 1
+            peak = max(peak, size + c * px * f * t + (c + 2 * conv.out_channels) * s * px * f * t)
+            c, px, f, stage, i = conv.out_channels, s * px, f * t, stage + 1, i + 3
+        elif isinstance(m, DispatchConv2d) and i + 2 < len(modules) and isinstance(modules[i + 2], nn.PixelShuffle):
+            grow = modules[i + 3]  # the super decoder's conv, ReLU, pixel shuffle, TGrow
+            t = grow.stride if preview is None or preview.time[stage] else 1
+            s = 4 if preview is None or preview.space[stage] else 1
+            c_out = grow.conv.in_channels
+            wide = c_out * s * px * f  # the conv's output (its kept rows when the space upscale is off)
+            peak = max(peak, size + 3 * wide, wide + c_out * s * px * f * (1 + t))  # + ReLU, shuffle; then TGrow
+            c, px, f, stage, i = c_out, s * px, f * t, stage + 1, i + 4
+        elif isinstance(m, DispatchConv2d):
+            px_out = px // (m.stride[0] * m.stride[0])
+            peak = max(peak, size + 2 * m.out_channels * px_out * f)
+            c, px, i = m.out_channels, px_out, i + 1
+        elif isinstance(m, TPool):
+            peak = max(peak, size + 2 * size // m.stride)
+            f, i = f // m.stride, i + 1
+        else:  # a ReLU: fused into the conv before it
+            i += 1
+    return max(peak, output_copies * c * px * f)

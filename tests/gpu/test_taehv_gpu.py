@@ -1,9 +1,12 @@
 """TAEHV on a CUDA GPU: the dispatched fast path against the float64 reference (within 2x of PyTorch's own fp16
-error), the CUDA-graphed streaming step against eager, streaming against parallel, and a streaming peak memory that
-does not grow with the stream's length. Random weights in the published layout (no TAEHV weights are reachable).
+error), the CUDA-graphed streaming step against eager, streaming against parallel, a streaming peak memory that
+does not grow with the stream's length, and decode_video in chunks: within 2x of PyTorch's fp16 error, its memory
+beyond the output bounded by one chunk's. Random weights in the published layout (no TAEHV weights are reachable).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -148,3 +151,55 @@ def test_decoding_on_a_second_gpu_keeps_its_device():
         for t in range(3):
             out, state = model.decode_step(latents[:, t], state)
     assert out.device == torch.device("cuda:1")
+
+
+def test_chunked_decode_within_2x_of_torch_fp16_error(no_tf32):
+    """decode_video in chunks of latent frames (chunk_bytes small) against the fp32 whole-video decode: within 2x of
+    PyTorch's own fp16 error, for the dispatched path; and chunked fp32 equals whole fp32 to fp32 rounding."""
+    state = _state("taew2_2")
+    m16 = TAEHV.from_state_dict(state, device="cuda", dtype=torch.float16)
+    m32 = TAEHV.from_state_dict(state, device="cuda", dtype=torch.float32)
+    latents = torch.randn(1, 7, 48, 11, 20, generator=torch.Generator().manual_seed(4)).cuda()
+    per_latent = m32._bytes_per_latent("decoder", 11, 20, next(m32.decoder.parameters()))
+    with torch.no_grad():
+        m32.chunk_bytes = math.inf
+        whole32 = m32.decode_video(latents)
+        m32.chunk_bytes = 3 * per_latent  # chunks of 2, 2, 3 latent frames
+        assert _rel(m32.decode_video(latents), whole32) < 1e-5
+        m16.chunk_bytes = math.inf
+        with dispatch.backend("torch"):
+            torch_err = _rel(m16.decode_video(latents.half()), whole32)
+        m16.chunk_bytes = 3 * per_latent / 2
+        assert m16._chunk_length("decoder", 7, 11, 20, next(m16.decoder.parameters())) == 3
+        chunked = m16.decode_video(latents.half())
+        uint8 = m16.decode_video(latents.half(), uint8=True)
+    err = _rel(chunked, whole32)
+    print(f"\nchunked fp16 rel err {err:.3e}, PyTorch fp16 whole {torch_err:.3e}")
+    assert err <= 2 * torch_err + 1e-6
+    assert chunked.is_contiguous() and chunked.shape == whole32.shape
+    assert (uint8.float() - chunked.float().mul(255)).abs().max() <= 1
+
+
+def test_decode_video_memory_beyond_its_output_does_not_grow():
+    """Chunks of 4 latent frames at 352x640: a clip 3x longer peaks higher by its output's size only, and a chunk
+    needs no more than the estimate that sizes it."""
+    model = TAEHV.from_state_dict(_state("taew2_2"), device="cuda", dtype=torch.float16)
+    per_latent = model._bytes_per_latent("decoder", 22, 40, next(model.decoder.parameters()))
+    model.chunk_bytes = 4 * per_latent
+
+    def beyond_output(frames: int) -> int:
+        latents = torch.randn(1, frames, 48, 22, 40, device="cuda", dtype=torch.float16)
+        with torch.no_grad():
+            model.decode_video(latents)  # warm-up: dispatch timing, cuDNN choices
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            out = model.decode_video(latents)
+            torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+
+    short, long = beyond_output(8), beyond_output(24)
+    print(f"\nbeyond the output: 8 latents {short / 2**20:.0f} MiB, 24 latents {long / 2**20:.0f} MiB, "
+          f"chunk estimate {4 * per_latent / 2**20:.0f} MiB")
+    assert long <= short * 1.05 + 2**24
+    assert short <= 4 * per_latent * 1.25

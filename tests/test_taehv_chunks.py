@@ -1,0 +1,202 @@
+"""TAEHV's whole-video paths run in chunks of latent frames through the streaming state, writing into one output:
+the chunked result equals the one-chunk result bitwise (fp32, CPU) for the base, super, 8x-time and untrimmed
+(taecvx) decoders with odd frame counts, the step-by-step stream equals decode_video, and the memory a decode
+holds beyond its output is one chunk's, whatever the video's length (live activation bytes counted on the CPU).
+
+Bitwise comparisons run every conv one image at a time (`per_image_convs`): the CPU's convs (oneDNN's GEMM
+blocking, the native path for a single image) change their summation order with the batch size, so a chunk's convs
+would round differently (~1e-7) from a whole video's for reasons of the backend, not of the chunking. One image at a
+time, each frame's arithmetic is the same however the video is cut, and any difference is the chunking's own.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference_taehv import published_keys, random_state_dict
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from taesd_fast.taehv import CHUNK_BYTES, TAEHV, chunk_spans
+from taesd_fast.taehv_hub import VARIANTS
+
+VARIANTS_CHECKED = ["taew2_2", "taew2_1", "taehv1_5_super", "taeltx_2", "taecvx"]
+
+
+def _model(name: str) -> TAEHV:
+    a = VARIANTS[name]
+    keys = published_keys(a.latent_channels, a.patch_size, super_decoder=a.super_decoder,
+                          encoder_time=a.encoder_time, decoder_time=a.decoder_time)
+    return TAEHV.from_state_dict(random_state_dict(keys, seed=len(name)), variant=name)
+
+
+@pytest.fixture(scope="module", params=VARIANTS_CHECKED)
+def model(request):
+    return _model(request.param)
+
+
+@pytest.fixture
+def per_image_convs(monkeypatch):
+    """F.conv2d (which the dispatcher's PyTorch path and the super decoder's depthwise conv call) applied to one
+    image at a time, so its summation order does not depend on the batch: see the docstring."""
+    conv2d = F.conv2d
+
+    def one_at_a_time(x, *args, **kwargs):
+        return torch.cat([conv2d(image, *args, **kwargs) for image in x.split(1)])
+
+    monkeypatch.setattr(F, "conv2d", one_at_a_time)
+
+
+def _hw(model) -> tuple[int, int]:
+    return (1, 2) if model.patch_size == 4 else (2, 3)
+
+
+def _latents(model, frames: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(1, frames, model.latent_channels, *_hw(model), generator=gen)
+
+
+def _per_latent_bytes(model) -> int:
+    return model._bytes_per_latent("decoder", *_hw(model), next(model.decoder.parameters()))
+
+
+def _decode(model, latents, chunk: int | None, **kwargs) -> torch.Tensor:
+    """decode_video with chunks of `chunk` latent frames at most (None: one chunk)."""
+    model.chunk_bytes = math.inf if chunk is None else chunk * _per_latent_bytes(model)
+    try:
+        return model.decode_video(latents, **kwargs)
+    finally:
+        model.chunk_bytes = CHUNK_BYTES
+
+
+def test_chunk_spans_cover_the_range_evenly():
+    for total in range(1, 40):
+        for most in range(1, 12):
+            spans = chunk_spans(total, most)
+            assert spans[0][0] == 0 and spans[-1][1] == total
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            sizes = [b - a for a, b in spans]
+            assert max(sizes) <= most and max(sizes) - min(sizes) <= 1 and len(spans) == -(-total // most)
+
+
+def test_chunked_decode_equals_whole_bitwise(model, per_image_convs):
+    for frames, chunks in ((7, (1, 3)), (8, (3,))):  # odd, and even (taecvx keeps its startup frames then)
+        latents = _latents(model, frames)
+        whole = _decode(model, latents, None)
+        trim = 0 if model.variant == "taecvx" and frames % 2 == 0 else model.t_upscale - 1
+        assert whole.shape[1] == model.t_upscale * frames - trim
+        for chunk in chunks:  # 7 chunks of 1; 3 of 2, 2, 3; 3 of 2, 3, 3
+            got = _decode(model, latents, chunk)
+            assert got.is_contiguous() and got.shape == whole.shape
+            assert torch.equal(got, whole), (model.variant, frames, chunk, (got - whole).abs().max().item())
+    as_bytes = _decode(model, latents, 3, uint8=True)
+    assert as_bytes.dtype == torch.uint8 and torch.equal(as_bytes, whole.mul(255).round().to(torch.uint8))
+
+
+def test_chunks_carry_the_memory(model):
+    """Chunks that started afresh (no carried memory) would give other frames: the test above can fail."""
+    latents = _latents(model, 6, seed=1)
+    whole = _decode(model, latents, None)
+    restarted = _decode(model, latents[:, 3:], None)
+    assert (restarted[:, 1:] - whole[:, -restarted.shape[1] + 1:]).abs().max() > 1e-3
+
+
+def test_one_frame_chunks_and_stream_equal_decode_video(model, per_image_convs):
+    latents = _latents(model, 5, seed=2)
+    whole = _decode(model, latents, None)
+    one_by_one = model.decode_video(latents, parallel=False)
+    assert one_by_one.shape == whole.shape
+    assert torch.equal(one_by_one, whole)
+    # A stream never drops taecvx's startup frames; decode_video does for an odd count (upstream's rule).
+    startup = model.frames_to_trim if model.variant == "taecvx" else 0
+    stream, state = [], None
+    for t in range(5):
+        frames, state = model.decode_step(latents[:, t], state)
+        stream.append(frames)
+    assert torch.equal(torch.cat(stream, 1)[:, startup:], whole)
+    first, state = model.decode_step(latents[:, :2])  # steps of 2 and 3 latent frames
+    rest, _ = model.decode_step(latents[:, 2:], state)
+    assert torch.equal(torch.cat([first, rest], 1)[:, startup:], whole)
+
+
+def test_chunked_encode_equals_whole_bitwise(model, per_image_convs):
+    td, side = model.t_downscale, 8 * model.patch_size
+    video = torch.rand(1, 6 * td + 1, 3, 2 * side, 3 * side, generator=torch.Generator().manual_seed(3))  # padded
+    model.chunk_bytes = math.inf
+    whole = model.encode_video(video)
+    assert whole.shape[:2] == (1, 7) and whole.abs().max() > 0.1
+    param = next(model.encoder.parameters())
+    per = model._bytes_per_latent("encoder", 2 * side, 3 * side, param)
+    try:
+        for chunk in (2, 3):  # chunks of 1, 2, 2, 2 and 2, 2, 3 latent frames; the last one padded
+            model.chunk_bytes = chunk * per
+            assert model._chunk_length("encoder", 7, 2 * side, 3 * side, param) == chunk
+            torch.testing.assert_close(model.encode_video(video), whole, rtol=0, atol=0)
+        torch.testing.assert_close(model.encode_video(video, parallel=False), whole, rtol=0, atol=0)
+    finally:
+        model.chunk_bytes = CHUNK_BYTES
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the tensors that ops allocate while active and that are still alive, and their peak. A tensor
+    whose storage is an input's (a view, an in-place op) is no new allocation; weights and inputs made before
+    are not counted. Allocations inside one op (a conv's workspace) are not seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.refs: dict[int, list] = {}  # storage address -> [tensors alive on it, bytes]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                ptr = t.untyped_storage().data_ptr()
+                if ptr in self.refs:
+                    self.refs[ptr][0] += 1
+                elif ptr not in inputs and ptr:
+                    self.refs[ptr] = [1, t.untyped_storage().nbytes()]
+                    self.live += self.refs[ptr][1]
+                    self.peak = max(self.peak, self.live)
+                else:
+                    continue
+                weakref.finalize(t, self._drop, ptr)
+        return out
+
+    def _drop(self, ptr: int) -> None:
+        entry = self.refs[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self.refs[ptr]
+
+
+def _peak_beyond_output(model, latents, chunk) -> int:
+    """Peak live activation bytes of decode_video beyond its output and the stream's memory (one frame of each
+    memory block's input: a constant per video, not per chunk)."""
+    with LiveBytes() as live:
+        out = _decode(model, latents, chunk)
+    _, state = model.decode_step(latents[:, :1])
+    memory = sum(m.untyped_storage().nbytes() for m in state.memory)
+    return live.peak - out.untyped_storage().nbytes() - memory
+
+
+@pytest.mark.parametrize("name", ["taew2_2", "taehv1_5_super", "taeltx_2"])
+def test_memory_beyond_the_output_is_one_chunks(name):
+    """The estimate bounds a chunk's live activations (and is within 2x of them), and a video 3x longer holds no
+    more beyond its output: the bound on GPU memory at any length (tests/gpu measures it there)."""
+    model = _model(name)
+    estimate = 2 * _per_latent_bytes(model)
+    short = _peak_beyond_output(model, _latents(model, 4), 2)
+    assert estimate / 2 <= short <= estimate, (short, estimate)
+    assert _peak_beyond_output(model, _latents(model, 12), 2) == short
+    whole = _peak_beyond_output(model, _latents(model, 12), None)
+    assert whole > 4 * short  # the measurement sees a whole-video decode's activations

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Per-layer-group profile of a TAEHV `decode_video`: where the time goes, against the hardware's floors.
+
+    python3 tools/profile_taehv.py [--variant taew2_2] [--latents 31] [--size 704x1280] [--runs 7]
+    python3 tools/profile_taehv.py --device cpu --small     (a smoke test: a tiny clip in fp32 on the CPU)
+
+Each layer group of the decoder (the first conv, each stage's memory blocks, TGrow's 1x1 conv, the upsample + 3x3
+conv, the last conv) is timed inside the user's call (`model.decode_video(latents)`, chunks and all) with CUDA
+events recorded by forward hooks, summed over its calls, median of --runs runs after a warm-up; what no group
+covers (the memory blocks' past frames, the pixel shuffle, clamp and output writes) is the row "other". The
+markdown table gives each group's ms, share, achieved TFLOP/s and GB/s, its FLOPs (counted by
+torch.utils.flop_counter on the PyTorch path: 2 x multiply-adds of every conv) and bytes (each call's input, output
+and weight tensors once: what a fused group must move at least), and its floors at --peak-tflops (790: an H200's
+dense fp16) and --peak-gbs (4800). The decode without hooks is timed too (the events add a little). The model has
+random weights in the published layout (the time does not depend on them). With $OUT set, the table and log go
+there as profile_taehv_<variant>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from taesd_fast import dispatch
+from taesd_fast.bench_taehv import random_decoder
+from taesd_fast.layers import DispatchConv2d
+from taesd_fast.taehv_layers import MemBlock, SuperMemBlock, TGrow
+
+SMALL = dict(latents=3, size=(32, 48))  # --small: pixels (for patch 1; scaled by the patch size)
+
+
+def group_units(decoder: nn.Sequential) -> dict[nn.Module, str]:
+    """Each timed unit of the decoder -> its group's label: the first and last conv, each stage's memory blocks,
+    TGrow's 1x1 conv, the conv after the upsample (or before the super decoder's pixel shuffle)."""
+    units: dict[nn.Module, str] = {}
+    modules = list(decoder)
+    convs = [m for m in modules if isinstance(m, DispatchConv2d)]
+    stage = 0
+    for i, m in enumerate(modules):
+        if isinstance(m, (MemBlock, SuperMemBlock)):
+            units[m] = f"stage {stage} {type(m).__name__}s ({m.conv[-1].out_channels} ch)"
+        elif isinstance(m, TGrow):
+            units[m.conv] = f"stage {stage} TGrow 1x1 (x{m.stride} time)"
+            stage += 1
+        elif isinstance(m, DispatchConv2d):
+            if m is convs[0]:
+                units[m] = f"first conv ({m.in_channels} -> {m.out_channels})"
+            elif m is convs[-1]:
+                units[m] = f"last conv ({m.in_channels} -> {m.out_channels})"
+            elif i > 0 and isinstance(modules[i - 1], TGrow):
+                units[m] = f"stage {stage - 1} upsample + conv 3x3 ({m.in_channels} -> {m.out_channels})"
+            else:  # the super decoder's conv before its pixel shuffle
+                units[m] = f"stage {stage} conv 3x3 + pixel shuffle ({m.in_channels} -> {m.out_channels})"
+    return units
+
+
+class Recorder:
+    """Forward hooks on the units: start/end marks per call (CUDA events, or the clock on the CPU), and in a
+    counting pass FLOPs (FlopCounterMode over the call) and bytes (input, output and weight tensors)."""
+
+    def __init__(self, units: dict[nn.Module, str], cuda: bool):
+        self.units, self.cuda = units, cuda
+        self.marks: list[tuple[str, object, object]] = []
+        self.counting = False
+        self.flops: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.shape: dict[str, str] = {}
+        self._open: dict[nn.Module, object] = {}
+        self.handles = []
+        for module in units:
+            self.handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self.handles.append(module.register_forward_hook(self._post, with_kwargs=True))
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _pre(self, module, args, kwargs):
+        if self.counting:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            counter = FlopCounterMode(display=False)
+            counter.__enter__()
+            self._open[module] = counter
+        else:
+            self._open[module] = self._now()
+
+    def _post(self, module, args, kwargs, output):
+        label = self.units[module]
+        if not self.counting:
+            self.marks.append((label, self._open.pop(module), self._now()))
+            return
+        counter = self._open.pop(module)
+        counter.__exit__(None, None, None)
+        tensors = [t for t in (*args, *kwargs.values(), output, *module.parameters()) if isinstance(t, torch.Tensor)]
+        seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        self.flops[label] = self.flops.get(label, 0) + counter.get_total_flops()
+        self.bytes[label] = self.bytes.get(label, 0) + sum(seen.values())
+        self.calls[label] = self.calls.get(label, 0) + 1
+        self.shape.setdefault(label, "x".join(map(str, args[0].shape[-2:])))
+
+    def times(self) -> dict[str, float]:
+        """ms per group in the marks so far (then cleared)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for label, start, end in self.marks:
+            ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+            out[label] = out.get(label, 0.0) + ms
+        self.marks.clear()
+        return out
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def wall_ms(fn, cuda: bool) -> float:
+    """ms of one fn() call (CUDA events around it, or the clock)."""
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtype: torch.dtype, runs: int,
+            backend: str, peak_tflops: float, peak_gbs: float) -> str:
+    """The markdown report (header lines and the table) of one decode_video profile."""
+    cuda = device.startswith("cuda")
+    model = random_decoder(variant).to(device=device, dtype=dtype)
+    side = model.space_upscale
+    if size[0] % side or size[1] % side:
+        raise SystemExit(f"error: --size {size[0]}x{size[1]} is not a multiple of {variant}'s {side} pixels per "
+                         f"latent cell")
+    z = torch.randn(1, latents, model.latent_channels, size[0] // side, size[1] // side, device=device, dtype=dtype)
+    units = group_units(model.decoder)
+    rec = Recorder(units, cuda)
+    decode = lambda: model.decode_video(z)  # noqa: E731  (the user's call)
+    with torch.no_grad(), dispatch.backend(backend):
+        with dispatch.tuning("blocking"):
+            out = decode()
+            decode()  # warm-up: tuning, cuDNN choices, the allocator
+        rec.marks.clear()
+        runs_ms = []
+        for _ in range(runs):
+            decode()
+            runs_ms.append(rec.times())
+        rec.remove()
+        plain = statistics.median(wall_ms(decode, cuda) for _ in range(runs))
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            decode()
+            peak_gb = (torch.cuda.max_memory_allocated() - base) / 1e9
+        hooked = statistics.median(sum(r.values()) for r in runs_ms)
+        rec = Recorder(units, cuda)
+        rec.counting = True
+        with dispatch.backend("torch"):  # FLOPs counted on the aten convs of the PyTorch path
+            decode()
+        rec.remove()
+    groups = {label: statistics.median(r.get(label, 0.0) for r in runs_ms) for label in dict.fromkeys(units.values())}
+    groups["other (past frames, pixel shuffle, clamp, output)"] = max(0.0, plain - sum(groups.values()))
+    rec.bytes["other (past frames, pixel shuffle, clamp, output)"] = out.numel() * out.element_size()
+    chunk = model._chunk_length("decoder", latents, z.shape[-2], z.shape[-1], next(model.decoder.parameters()))
+    lines = [f"TAEHV {variant} decode_video: {latents} latent frames -> {tuple(out.shape[1:])} "
+             f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, chunks of {chunk} latent frames); "
+             f"{plain:.3f} ms per decode (median of {runs}), {hooked:.3f} ms with the hooks' events"
+             + (f"; peak {peak_gb:.2f} GB beyond the model and latents" if cuda else ""),
+             f"floors: {peak_tflops:g} TFLOP/s, {peak_gbs:g} GB/s", "",
+             "| group | input HxW | calls | ms | share | TFLOP/s | GB/s | GFLOP | MB | FLOP floor ms | bytes floor ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    total_flop = total_bytes = 0
+    for label, ms in groups.items():
+        flop, nbytes = rec.flops.get(label, 0), rec.bytes.get(label, 0)
+        total_flop, total_bytes = total_flop + flop, total_bytes + nbytes
+        lines.append(_row(label, rec.shape.get(label, ""), rec.calls.get(label, ""), ms, plain, flop, nbytes,
+                          peak_tflops, peak_gbs))
+    lines.append(_row("**total**", "", sum(rec.calls.values()), plain, plain, total_flop, total_bytes, peak_tflops,
+                      peak_gbs))
+    return "\n".join(lines)
+
+
+def _row(label, res, calls, ms, total_ms, flop, nbytes, peak_tflops, peak_gbs) -> str:
+    """One table row; rates are left blank where no time was measured."""
+    secs = ms / 1e3
+    rates = f"{flop / secs / 1e12:.1f} | {nbytes / secs / 1e9:.0f}" if secs > 0 else " | "
+    return (f"| {label} | {res} | {calls} | {ms:.3f} | {100 * ms / total_ms:.1f}% | {rates} | {flop / 1e9:.4g} | "
+            f"{nbytes / 1e6:.4g} | {flop / (peak_tflops * 1e12) * 1e3:.3f} | {nbytes / (peak_gbs * 1e9) * 1e3:.3f} |")
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--size takes HEIGHTxWIDTH in pixels (e.g. 704x1280), got {text!r}")
+    return h, w
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", default="taew2_2")
+    ap.add_argument("--latents", type=int, default=31, help="latent frames (31 -> 121 frames for taew2_2)")
+    ap.add_argument("--size", type=_size, default=(704, 1280), help="output HEIGHTxWIDTH in pixels")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default=None,
+                    help="default: float16 on CUDA, float32 on the CPU")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--backend", default="auto", help="the dispatcher's backend (auto, torch, kernels)")
+    ap.add_argument("--small", action="store_true", help="a tiny clip (3 latent frames, 32x48 per patch)")
+    ap.add_argument("--peak-tflops", type=float, default=790.0)
+    ap.add_argument("--peak-gbs", type=float, default=4800.0)
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA GPU; use --device cpu")
+    dtype = getattr(torch, args.dtype or ("float16" if args.device.startswith("cuda") else "float32"))
+    latents, size = args.latents, args.size
+    if args.small:
+        from taesd_fast.taehv_hub import VARIANTS
+
+        p = VARIANTS[args.variant].patch_size
+        latents, size = SMALL["latents"], (SMALL["size"][0] * p, SMALL["size"][1] * p)
+    report = profile(args.variant, latents, size, args.device, dtype, args.runs, args.backend, args.peak_tflops,
+                     args.peak_gbs)
+    print(report, flush=True)
+    if os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / f"profile_taehv_{args.variant}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report + "\n")
+        print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Peak GPU memory and time of TAEHV `decode_video` as the clip grows, and against the chunk budget.
+
+    python3 tools/taehv_memory.py [--variant taew2_2] [--latents 31,61,121] [--size 704x1280]
+        [--budgets-gib 0.5,1,1.5,3,inf] [--uint8]
+
+For each latent count: the user's call `model.decode_video(z)` (fp16, default chunk_bytes) with its ms (median),
+peak GB (torch.cuda.max_memory_allocated during the call, the model and latents included), the output's GB and
+the chunk length. Then, for the first latent count, the same at each chunk budget (TAEHV.chunk_bytes; inf is one
+chunk, the whole video at once), so the default's memory/speed trade-off can be read off. Random weights in the
+published layout. With $OUT set the table is also written to $OUT/taehv_memory.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from taesd_fast.bench_taehv import random_decoder
+from taesd_fast.taehv import CHUNK_BYTES
+from taesd_fast.timing import time_ms
+
+
+def measure(model, z: torch.Tensor, uint8: bool) -> dict:
+    """ms, peak GB, output GB and chunk length of model.decode_video(z) at the model's chunk_bytes."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    param = next(model.decoder.parameters())
+    chunk = model._chunk_length("decoder", z.shape[1], z.shape[-2], z.shape[-1], param)
+    with torch.no_grad():
+        out = model.decode_video(z, uint8=uint8)  # warm-up
+        out_gb = out.numel() * out.element_size() / 1e9
+        del out
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        model.decode_video(z, uint8=uint8)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 1e9
+        ms = time_ms(lambda: model.decode_video(z, uint8=uint8), reps=3)
+    return {"ms": ms, "peak GB": peak, "output GB": out_gb, "chunk": chunk}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", default="taew2_2")
+    ap.add_argument("--latents", default="31,61,121", help="comma-separated latent frame counts")
+    ap.add_argument("--size", default="704x1280", help="output HEIGHTxWIDTH in pixels")
+    ap.add_argument("--budgets-gib", default="0.5,1,1.5,3,inf", help="chunk budgets to sweep (GiB; inf: whole)")
+    ap.add_argument("--uint8", action="store_true", help="uint8 frames (the video writer's output)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit(f"error: this measures GPU memory, and torch {torch.__version__} sees no CUDA GPU")
+    h, w = (int(v) for v in args.size.lower().split("x"))
+    model = random_decoder(args.variant).cuda().half()
+    side = model.space_upscale
+    counts = [int(v) for v in args.latents.split(",")]
+    lines = [f"TAEHV {args.variant} decode_video at {h}x{w}, fp16{' uint8 output' if args.uint8 else ''}", "",
+             "| latents | frames | chunk budget GiB | chunk | ms | peak GB | output GB |", "|---|---|---|---|---|---|---|"]
+    runs = [(t, CHUNK_BYTES) for t in counts]
+    runs += [(counts[0], float(b) * 2**30) for b in args.budgets_gib.split(",")]
+    for t, budget in runs:
+        z = torch.randn(1, t, model.latent_channels, h // side, w // side, device="cuda", dtype=torch.float16)
+        model.chunk_bytes = budget
+        try:
+            r = measure(model, z, args.uint8)
+            row = (f"| {t} | {model.t_upscale * t - model.frames_to_trim} | {budget / 2**30:g} | {r['chunk']} | "
+                   f"{r['ms']:.2f} | {r['peak GB']:.2f} | {r['output GB']:.2f} |")
+        except torch.cuda.OutOfMemoryError:
+            row = f"| {t} | | {budget / 2**30:g} | | out of memory | | |"
+        del z
+        lines.append(row)
+        print(row, flush=True)
+    model.chunk_bytes = CHUNK_BYTES
+    report = "\n".join(lines)
+    print(report)
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "taehv_memory.md").write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
