@@ -169,6 +169,14 @@ def _image_inputs(args: argparse.Namespace, model) -> tuple[list[Path], list[tup
     return paths, sizes
 
 
+def _check_outputs(args: argparse.Namespace, inputs: list, outputs: list[Path]) -> None:
+    """output_files.check_outputs with the weights files that --weights (or the bundled default) reads counted as
+    inputs: no output replaces them, with or without --overwrite."""
+    from .hub import local_weights_files
+
+    check_outputs(inputs, outputs, overwrite=args.overwrite, weights=local_weights_files(args.weights))
+
+
 def _prepare(path: Path, model, pad: bool) -> torch.Tensor:
     """Load an image for the model, padded when asked."""
     from .media import load_image, pad_to_multiple
@@ -218,7 +226,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
                          f"{model.latent_channels} (use .safetensors, or --weights with taesd/taesdxl weights)")
     paths, sizes = _image_inputs(args, model)
     outputs = output_paths(paths, args.output, ".png" if as_png else ".safetensors")
-    check_outputs(paths, outputs, overwrite=args.overwrite)
+    _check_outputs(args, paths, outputs)
     for path, out, size in zip(paths, outputs, sizes):
         image = _prepare(path, model, args.pad)
         with torch.inference_mode():
@@ -243,7 +251,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     outputs = output_paths(paths, args.output, ".png")
     names = [[out] if len(latents) == 1 else [out.with_name(f"{out.stem}_{i:04d}.png") for i in range(len(latents))]
              for out, (latents, _) in zip(outputs, loaded)]
-    check_outputs(paths, [name for group in names for name in group], overwrite=args.overwrite)
+    _check_outputs(args, paths, [name for group in names for name in group])
     for path, (latents, record), group in zip(paths, loaded, names):
         size = record.image_size if record is not None else None
         for first in range(0, len(latents), DECODE_BATCH):  # in batches: a file may hold a whole video's latents
@@ -265,7 +273,7 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
     model = load_model(args)
     paths, sizes = _image_inputs(args, model)
     outputs = output_paths(paths, args.output, ".png")  # a suffix-less OUTDIR is always a directory
-    check_outputs(paths, outputs, overwrite=args.overwrite)
+    _check_outputs(args, paths, outputs)
     for path, out, (height, width) in zip(paths, outputs, sizes):
         image = _prepare(path, model, args.pad)
         with torch.inference_mode():
@@ -290,7 +298,7 @@ def cmd_lipsync(args: argparse.Namespace) -> int:
         args.video = DEMO_CLIP
     if not args.video.is_file():
         raise FileNotFoundError(f"video not found: {args.video}")
-    check_outputs([args.video, args.latents], [args.output], overwrite=args.overwrite)
+    _check_outputs(args, [args.video, args.latents], [args.output])
     box = Box.parse(args.box)
     model = load_model(args, encoder=args.latents is None)  # decoding given latents needs no encoder
     latents = _load_checked_latents(args.latents, model)[0] if args.latents is not None else None

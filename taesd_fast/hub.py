@@ -111,6 +111,17 @@ def _variant_files(folder: Path, stem: str, parts: list[str]) -> dict[str, Path]
     return files
 
 
+def local_weights_files(name_or_path: str | os.PathLike | None) -> list[Path]:
+    """The weights files that loading from `name_or_path` may read, for a local source: the bundled folder (None)
+    or a folder's diffusers-layout files and every variant's upstream files (the ones `load_from_folder` would
+    take). A Hub repo id gives none. The CLI counts these as inputs that no output may replace."""
+    folder = BUNDLED_DIR if name_or_path is None else Path(name_or_path)
+    if not folder.is_dir():
+        return []
+    diffusers = [folder / name for name in (DIFFUSERS_WEIGHTS, DIFFUSERS_CONFIG) if (folder / name).is_file()]
+    return diffusers + [path for stem in VARIANTS for path in _variant_files(folder, stem, ["encoder", "decoder"]).values()]
+
+
 def _load_diffusers(folder: Path, load_encoder: bool, load_decoder: bool) -> LoadedWeights:
     encoder, decoder = from_diffusers(read_state_dict(folder / DIFFUSERS_WEIGHTS))
     hint = variant_hint(folder)

@@ -199,15 +199,32 @@ def resolve(name_or_path, *, variant: str | None, revision: str | None = None, c
     return _from_hub(repo_id, stem, revision, cache_dir, local_files_only)
 
 
-def _from_folder(folder: Path, variant: str | None) -> tuple[StateDict, str, str | None]:
-    names = [variant] if variant else list(VARIANTS)
+def _folder_files(folder: Path, variant: str | None) -> dict[str, Path]:
+    """{variant: its file in folder} (the first of FILE_PATTERNS present) for `variant`, or for every variant."""
     found = {}
-    for name in names:
+    for name in [variant] if variant else list(VARIANTS):
         for pattern in FILE_PATTERNS:
             candidate = folder / pattern.format(v=name)
             if candidate.is_file():
                 found[name] = candidate
                 break
+    return found
+
+
+def local_weights_files(name_or_path, variant: str | None = None) -> list[Path]:
+    """The weights files that loading from `name_or_path` may read, for a local source (a file, or a folder's
+    variant files); a variant name or Hub repo id gives none. The CLI counts these as inputs that no output may
+    replace."""
+    path = Path(name_or_path) if name_or_path is not None else None
+    if path is not None and path.is_file():
+        return [path]
+    if path is not None and path.is_dir():
+        return list(_folder_files(path, variant).values())
+    return []
+
+
+def _from_folder(folder: Path, variant: str | None) -> tuple[StateDict, str, str | None]:
+    found = _folder_files(folder, variant)
     if not found:
         wanted = " / ".join(p.format(v=variant or "<variant>") for p in FILE_PATTERNS)
         raise FileNotFoundError(f"no TAEHV weights in {folder}: expected {wanted}")
