@@ -226,6 +226,31 @@ def test_lipsync_defaults_to_the_demo_clip(capsys, tmp_path):
         assert written.frames == 2
 
 
+def _make_demo_argv() -> list[str]:
+    """The arguments of the taesd-fast command that `make demo` runs, as make itself expands the recipe."""
+    if shutil.which("make") is None:
+        pytest.fail("`make` is needed: the README's two set-up commands are make targets")
+    dry = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    (line,) = [line for line in dry.stdout.splitlines() if "taesd-fast lipsync" in line]
+    return line.split()[1:]  # after the taesd-fast executable
+
+
+def test_make_demo_succeeds_a_second_time(capsys, tmp_path, monkeypatch):
+    """The second `make demo` stopped at 'output lipsync_demo.mp4 already exists'. The demo's output is its own: a
+    second run replaces it (here with 2 frames, from a scratch folder, so the repository's file is not touched)."""
+    av = pytest.importorskip("av")
+    argv = _make_demo_argv()
+    assert argv[0] == "lipsync" and "--latents" not in argv  # the round trip of the bundled clip (README)
+    monkeypatch.chdir(tmp_path)
+    for frames in ("2", "3"):
+        code, out, err = run(capsys, *argv, "--max-frames", frames, "--batch-size", "2")
+        assert code == 0, err
+        with av.open(str(tmp_path / "lipsync_demo.mp4")) as result:
+            assert result.streams.video[0].frames == int(frames)  # the second run's video, not the first's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lipsync_demo.mp4"]
+
+
 @pytest.mark.parametrize("name", ["out.avi", "out.mkv", "out"])
 def test_lipsync_output_must_be_mp4(capsys, tmp_path, name):
     pytest.importorskip("av")
