@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .hub import HubFiles, require_repo_id
+from .hub import OFFLINE_HINT, HubFiles, require_repo_id
 from .taehv_layers import ENCODER_WIDTH, IMAGE_CHANNELS, TAEHVArch, build_decoder, build_encoder
-from .weights_io import StateDict, WeightsError, read_state_dict, reader_reason
+from .weights_io import StateDict, WeightsError, read_state_dict
 
 HUB_REPO = "madebyollin/taehv"
 _LTX = TAEHVArch(128, 4, encoder_time=(2, 2, 2), decoder_time=(2, 2, 2))
@@ -245,8 +245,7 @@ def _from_hub(repo_id: str, variant: str, revision, cache_dir, local_files_only:
     where = f"repo '{repo_id}'" + (f" at revision '{revision}'" if revision else "")
     tried, unreachable, offline = files.tried, files.unreachable, files.offline
     if unreachable is not None:
-        raise FileNotFoundError(f"could not reach the Hugging Face Hub for {where} ({type(unreachable).__name__}: "
-                                f"{reader_reason(unreachable)}) and the local cache has none of {', '.join(tried)}; "
-                                "check the network, set HF_HUB_OFFLINE=1 to use cached files only, or pass a path")
+        raise FileNotFoundError(f"could not reach the Hugging Face Hub for {where} ({files.unreachable_reason()}) and "
+                                f"the local cache has none of {', '.join(tried)}; check the network; {OFFLINE_HINT}")
     mode = "in the local huggingface_hub cache (offline)" if offline else "on the Hub or in the local cache"
     raise FileNotFoundError(f"no {variant} weights for {where} {mode}; tried {', '.join(tried)}")

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def check_tensor(x, name: str, *, channels: int, like: torch.Tensor, rank: int = 4) -> None:
@@ -91,3 +97,13 @@ def check_device(device, name: str = "device") -> torch.device | None:
         raise ValueError(f"{given}: only {torch.cuda.device_count()} CUDA device(s) present "
                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     return device
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` for a warnings.warn call, made in the function that calls this, that points at the first
+    caller outside this package and torch (a model method may be reached through several of our functions or
+    through nn.Module.to), so the warning names the user's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith((_PACKAGE_DIR, _TORCH_DIR)):
+        frame, level = frame.f_back, level + 1
+    return level
