@@ -18,6 +18,7 @@ import torch
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
 from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
+from conftest import IMAGE_NAMES, PHOTOS  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
 from taesd_fast.latents_io import load_latents, save_latents  # noqa: E402
 SUBCOMMANDS = ("encode", "decode", "roundtrip", "lipsync", "bench", "info")
@@ -87,16 +88,41 @@ def test_encode_then_decode_safetensors(capsys, image, tmp_path):
         assert decoded.size == (64, 96)
 
 
-def test_image_not_a_multiple_of_8_is_an_error_that_offers_pad(capsys, odd_image, tmp_path):
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_every_bundled_image_works_on_the_first_try(capsys, tmp_path, name):
+    """None of the bundled images has sides that are multiples of 8: the first command a new user tries on one
+    failed. They are padded by default, with a one-line note, and the decode is cropped back."""
+    path = PHOTOS[name]
+    with Image.open(path) as im:
+        width, height = im.size
+    assert width % 8 or height % 8
+    code, out, err = run(capsys, "encode", path, "-o", tmp_path / "z.safetensors")
+    assert code == 0, err
+    note = (f"taesd-fast: note: {path} is {width}x{height}, not a multiple of 8 on each side: padded to "
+            f"{-(-width // 8) * 8}x{-(-height // 8) * 8} by repeating its edge pixels, and cropped back to its size "
+            "after decoding (--no-pad makes this an error)\n")
+    assert err.startswith(note) and "taesd-fast:" not in err[len(note):], err  # a progress bar may follow
+    latents, record = load_latents(tmp_path / "z.safetensors")
+    assert latents.shape[-2:] == (-(-height // 8), -(-width // 8)) and record.image_size == (height, width)
+
+
+def test_roundtrip_of_the_bundled_painting_keeps_its_size(capsys, tmp_path):
+    code, out, err = run(capsys, "roundtrip", PHOTOS["monalisa"], "-o", tmp_path / "rt")
+    assert code == 0 and "PSNR" in out and err.count("taesd-fast: note: ") == 1, err
+    with Image.open(tmp_path / "rt" / "monalisa.png") as decoded:
+        assert decoded.size == (300, 447)
+
+
+def test_no_pad_makes_an_image_not_a_multiple_of_8_an_error(capsys, odd_image, tmp_path):
     for command in ("encode", "roundtrip"):
-        code, _, err = run(capsys, command, odd_image, "-o", tmp_path / "out")
-        assert_user_error(code, err, "70x90", "not a multiple of 8", "--pad")
+        code, _, err = run(capsys, command, odd_image, "-o", tmp_path / "out", "--no-pad")
+        assert_user_error(code, err, "70x90", "not a multiple of 8", "leave out --no-pad")
     assert not (tmp_path / "out").exists()
 
 
-def test_pad_keeps_the_original_size(capsys, odd_image, tmp_path):
-    code, out, _ = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt", "--pad")
-    assert code == 0 and "PSNR" in out
+def test_pad_keeps_the_original_size_without_a_note(capsys, odd_image, tmp_path):
+    code, out, err = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt", "--pad")
+    assert code == 0 and "PSNR" in out and "note" not in err  # asked for: nothing to point out
     with Image.open(tmp_path / "rt" / "odd.png") as decoded:
         assert decoded.size == (70, 90)
 
