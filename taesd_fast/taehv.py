@@ -20,7 +20,7 @@ from .layers import conv_weights_channels_last, name_layers, preferred_layout
 from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .taehv_layers import TAEHVArch, Preview, build_decoder, build_encoder, memory_indices, run_sequence
 from .taehv_stream import StreamState, check_video, graphed_step, replayable
-from .validation import as_float_dtype, check_device
+from .validation import as_float_dtype, check_device, warn_if_slow_on_cpu
 
 
 class TAEHV(nn.Module):
@@ -142,6 +142,7 @@ class TAEHV(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         conv_weights_channels_last(self)
+        warn_if_slow_on_cpu(self)
         return self
 
     # ------------------------------------------------------------------------------------------ whole video

@@ -11,7 +11,7 @@ from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
 from .layers import conv_weights_channels_last, name_layers, preferred_layout
-from .validation import as_float_dtype, check_device, check_multiple, check_tensor
+from .validation import as_float_dtype, check_device, check_multiple, check_tensor, warn_if_slow_on_cpu
 from .value_range import warn_if_unusual_range
 
 
@@ -115,6 +115,7 @@ class TAESD(nn.Module):
         for cache in self._graph_caches.values():  # graphs hold the old weights' addresses and memory
             cache.clear()
         conv_weights_channels_last(self)  # and encode/decode take their inputs channels_last (preferred_layout)
+        warn_if_slow_on_cpu(self)
         return self
 
     preferred_layout = staticmethod(preferred_layout)  # x in the layout the model runs fastest with on its device
