@@ -21,6 +21,7 @@ from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, sp
 from .taehv_layers import TAEHVArch, Preview, build_decoder, build_encoder, memory_indices, run_sequence
 from .taehv_stream import StreamState, check_video, graphed_step, replayable
 from .validation import as_float_dtype, check_device, warn_if_slow_on_cpu
+from .value_range import warn_if_unusual_range
 
 
 class TAEHV(nn.Module):
@@ -43,6 +44,7 @@ class TAEHV(nn.Module):
         name_layers(self)
         self.preview = Preview()
         self.cuda_graphs = True
+        self._range_checked: set = set()  # CUDA input signatures whose value range was checked (value_range)
 
     # ------------------------------------------------------------------------------------------ properties
 
@@ -211,6 +213,7 @@ class TAEHV(nn.Module):
         Start with state=None; pad the end of a video yourself (repeat its last frame), as `encode_video` does."""
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
+        warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
         n, t, _, h, w = video.shape
         if t % self.t_downscale:
             raise ValueError(f"encode_step takes a multiple of {self.t_downscale} frames (the encoder's time "
