@@ -161,21 +161,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _image_inputs(args: argparse.Namespace, model) -> tuple[list[Path], list[tuple[int, int]]]:
     """The image files (folders expanded), and their (H, W): every one exists, is an image and (with --no-pad)
-    fits the model, before any output is written. Without --pad/--no-pad, each image that needs padding gets a
-    one-line note: the first image a user tries should work, and they should know it was padded."""
+    fits the model, before any output is written."""
     from .media import IMAGE_SUFFIXES, check_image_file_size, collect_files, image_size
 
     paths = collect_files(args.images, IMAGE_SUFFIXES, "images")
     sizes = [image_size(path) for path in paths]
+    if args.pad is False:
+        for path, size in zip(paths, sizes):
+            check_image_file_size(size, model.downscale, str(path))
+    return paths, sizes
+
+
+def _note_padding(args: argparse.Namespace, model, paths: list[Path], sizes: list[tuple[int, int]]) -> None:
+    """Without --pad/--no-pad, a one-line note for each image that gets padded: images of any size work (the first
+    image a user tries should), and the user should know that its latents cover a padded image. Printed once every
+    check has passed, so that an error stays the only line of a failed command."""
     f = model.downscale
     for path, (height, width) in zip(paths, sizes):
-        if args.pad is False:
-            check_image_file_size((height, width), f, str(path))
-        elif args.pad is None and (height % f or width % f):
+        if args.pad is None and (height % f or width % f):
             print_note(f"{path} is {width}x{height}, not a multiple of {f} on each side: padded to "
                        f"{width + -width % f}x{height + -height % f} by repeating its edge pixels, and cropped back "
                        "to its size after decoding (--no-pad makes this an error)")
-    return paths, sizes
 
 
 def _tile(args: argparse.Namespace, model, parts: tuple[str, ...]) -> int | str:
@@ -250,6 +256,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     outputs = output_paths(paths, args.output, ".png" if as_png else ".safetensors")
     _check_outputs(args, paths, outputs)
     tile = _tile(args, model, ("encoder",))
+    _note_padding(args, model, paths, sizes)
     with item_progress(len(paths), "encode", "image") as bar:
         for path, out, size in zip(paths, outputs, sizes):
             image = _prepare(path, model, args.pad)
@@ -304,6 +311,7 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
     outputs = output_paths(paths, args.output, ".png")  # a suffix-less OUTDIR is always a directory
     _check_outputs(args, paths, outputs)
     tile = _tile(args, model, ("encoder", "decoder"))
+    _note_padding(args, model, paths, sizes)
     with item_progress(len(paths), "roundtrip", "image") as bar:
         for path, out, (height, width) in zip(paths, outputs, sizes):
             image = _prepare(path, model, args.pad)

@@ -113,6 +113,14 @@ def test_roundtrip_of_the_bundled_painting_keeps_its_size(capsys, tmp_path):
         assert decoded.size == (300, 447)
 
 
+def test_a_command_that_fails_prints_its_error_alone(capsys, odd_image, tmp_path):
+    """The padding note comes only once every check has passed: a failed command prints one line."""
+    (tmp_path / "rt").mkdir()
+    (tmp_path / "rt" / "odd.png").write_bytes(b"an earlier result")
+    code, _, err = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt")
+    assert_user_error(code, err, "already exists")
+
+
 def test_no_pad_makes_an_image_not_a_multiple_of_8_an_error(capsys, odd_image, tmp_path):
     for command in ("encode", "roundtrip"):
         code, _, err = run(capsys, command, odd_image, "-o", tmp_path / "out", "--no-pad")
