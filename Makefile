@@ -22,9 +22,13 @@ $(TEST_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)" -e ".[test]"
 	touch "$@"
 
+# The demo replaces its own output, lipsync_demo.mp4 (git-ignored), so that it can be run again; it is the only
+# command here that passes --overwrite, and only for that file.
+DEMO_OUTPUT := lipsync_demo.mp4
+
 .PHONY: demo test
 demo: $(MEDIA_STAMP)
-	$(BIN)/taesd-fast lipsync --output lipsync_demo.mp4
+	$(BIN)/taesd-fast lipsync --output $(DEMO_OUTPUT) --overwrite
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest

@@ -22,20 +22,22 @@ from . import tune_cli, video_cli
 from .architecture import VARIANTS
 from .cli_support import (
     DEBUG_ENV, DTYPES, PROG, debug_wanted, load_model, model_param, one_line, one_line_warnings, output_paths,
-    parse_tile, positive_int, print_error, resolve_device, silence_stdout, user_errors, wrong_suffix,
+    parse_tile, positive_int, print_error, print_note, resolve_device, silence_stdout, user_errors, wrong_suffix,
 )
 from .output_files import OVERWRITE_FLAG, atomic_write, check_outputs
+from .progress import item_progress
 
 if TYPE_CHECKING:
     from .latents_io import LatentsRecord
 
 BACKENDS = ("auto", "torch", "kernels")
 DECODE_BATCH = 16
-PAD_HELP = ("pad images whose sides are not a multiple of the model's downscale factor (8; 32 for taesana) by "
-            "repeating their edge pixels, and crop the decoded result back to the original size (without it, such "
-            "images are an error)")
+PAD_HELP = ("images whose sides are not a multiple of the model's downscale factor (8; 32 for taesana) are padded "
+            "by repeating their edge pixels, with a note, and the decoded result is cropped back to the original "
+            "size (the default); --no-pad makes such images an error instead")
 TILE_HELP = ("work in tiles of SIZE image pixels (a multiple of 8; 32 for taesana) to bound memory on large images, "
-             "or 'auto' for the largest tile that fits the free memory; the result equals the untiled one")
+             "or 'auto' (the default): untiled when the image fits the free memory, else the largest tile that "
+             "fits; the result equals the untiled one")
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -61,7 +63,7 @@ def add_output_arguments(parser: argparse.ArgumentParser, metavar: str, tile: bo
     parser.add_argument(OVERWRITE_FLAG, action="store_true",
                         help="replace output files that already exist (inputs are never replaced)")
     if tile:
-        parser.add_argument("--tile", type=parse_tile, metavar="SIZE|auto", help=TILE_HELP)
+        parser.add_argument("--tile", type=parse_tile, default="auto", metavar="SIZE|auto", help=TILE_HELP)
 
 
 def add_lipsync_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", action="store_true",
                    help="write 8-bit latents PNGs (TAESD.scale_latents); only for models with at most 4 latent "
                         "channels (taesd, taesdxl), not the bundled 32-channel TAEF2")
-    p.add_argument("--pad", action="store_true", help=PAD_HELP + " (decode crops back to the size in the file)")
+    p.add_argument("--pad", action=argparse.BooleanOptionalAction, help=PAD_HELP + " (decode crops back to the "
+                   "size recorded in the file)")
     add_model_arguments(p)
     p.set_defaults(func=cmd_encode)
 
@@ -126,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "<OUTDIR>/<name>.png, print its PSNR.")
     p.add_argument("images", nargs="+", type=Path, metavar="IMAGE_OR_DIR")
     add_output_arguments(p, "OUTDIR")
-    p.add_argument("--pad", action="store_true", help=PAD_HELP)
+    p.add_argument("--pad", action=argparse.BooleanOptionalAction, help=PAD_HELP)
     add_model_arguments(p)
     p.set_defaults(func=cmd_roundtrip)
 
@@ -157,24 +160,57 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _image_inputs(args: argparse.Namespace, model) -> tuple[list[Path], list[tuple[int, int]]]:
-    """The image files (folders expanded), and their (H, W): every one exists, is an image and (without --pad)
+    """The image files (folders expanded), and their (H, W): every one exists, is an image and (with --no-pad)
     fits the model, before any output is written."""
     from .media import IMAGE_SUFFIXES, check_image_file_size, collect_files, image_size
 
     paths = collect_files(args.images, IMAGE_SUFFIXES, "images")
     sizes = [image_size(path) for path in paths]
-    if not args.pad:
+    if args.pad is False:
         for path, size in zip(paths, sizes):
             check_image_file_size(size, model.downscale, str(path))
     return paths, sizes
 
 
-def _prepare(path: Path, model, pad: bool) -> torch.Tensor:
-    """Load an image for the model, padded when asked."""
+def _note_padding(args: argparse.Namespace, model, paths: list[Path], sizes: list[tuple[int, int]]) -> None:
+    """Without --pad/--no-pad, a one-line note for each image that gets padded: images of any size work (the first
+    image a user tries should), and the user should know that its latents cover a padded image. Printed once every
+    check has passed, so that an error stays the only line of a failed command."""
+    f = model.downscale
+    for path, (height, width) in zip(paths, sizes):
+        if args.pad is None and (height % f or width % f):
+            print_note(f"{path} is {width}x{height}, not a multiple of {f} on each side: padded to "
+                       f"{width + -width % f}x{height + -height % f} by repeating its edge pixels, and cropped back "
+                       "to its size after decoding (--no-pad makes this an error)")
+
+
+def _tile(args: argparse.Namespace, model, parts: tuple[str, ...]) -> int | str:
+    """--tile for this model: 'auto' as it is; a size the model refuses is a one-line error; a size below the
+    smallest efficient tile is raised to it here, once for the whole command (the model would warn at every
+    encode and decode call)."""
+    from . import tiling
+
+    if args.tile == "auto":
+        return "auto"
+    tiling.check_tile_arguments(model, args.tile, None)
+    overlap = max(tiling.overlap_pixels(model, part) for part in parts)  # the larger overlap needs the larger tile
+    return tiling.efficient_tile(model, args.tile, overlap, "--tile ")
+
+
+def _check_outputs(args: argparse.Namespace, inputs: list, outputs: list[Path]) -> None:
+    """output_files.check_outputs with the weights files that --weights (or the bundled default) reads counted as
+    inputs: no output replaces them, with or without --overwrite."""
+    from .hub import local_weights_files
+
+    check_outputs(inputs, outputs, overwrite=args.overwrite, weights=local_weights_files(args.weights))
+
+
+def _prepare(path: Path, model, pad: bool | None) -> torch.Tensor:
+    """Load an image for the model, padded unless --no-pad (an image that needs it was refused before)."""
     from .media import load_image, pad_to_multiple
 
     image = load_image(path)
-    if pad:
+    if pad is not False:
         image = pad_to_multiple(image, model.downscale)
     param = model_param(model)
     return image.to(device=param.device, dtype=param.dtype)
@@ -218,14 +254,18 @@ def cmd_encode(args: argparse.Namespace) -> int:
                          f"{model.latent_channels} (use .safetensors, or --weights with taesd/taesdxl weights)")
     paths, sizes = _image_inputs(args, model)
     outputs = output_paths(paths, args.output, ".png" if as_png else ".safetensors")
-    check_outputs(paths, outputs, overwrite=args.overwrite)
-    for path, out, size in zip(paths, outputs, sizes):
-        image = _prepare(path, model, args.pad)
-        with torch.inference_mode():
-            latents = model.encode(image, tile_size=args.tile).float()
-        with atomic_write(out) as partial:
-            (save_latents_png if as_png else save_latents)(latents, partial, LatentsRecord.for_model(model, size))
-        print(f"{path} -> {out}  latents {tuple(latents.shape)}")
+    _check_outputs(args, paths, outputs)
+    tile = _tile(args, model, ("encoder",))
+    _note_padding(args, model, paths, sizes)
+    with item_progress(len(paths), "encode", "image") as bar:
+        for path, out, size in zip(paths, outputs, sizes):
+            image = _prepare(path, model, args.pad)
+            with torch.inference_mode():
+                latents = model.encode(image, tile_size=tile, progress=True).float()
+            with atomic_write(out) as partial:
+                (save_latents_png if as_png else save_latents)(latents, partial, LatentsRecord.for_model(model, size))
+            bar.write(f"{path} -> {out}  latents {tuple(latents.shape)}")
+            bar.update()
     return 0
 
 
@@ -243,19 +283,23 @@ def cmd_decode(args: argparse.Namespace) -> int:
     outputs = output_paths(paths, args.output, ".png")
     names = [[out] if len(latents) == 1 else [out.with_name(f"{out.stem}_{i:04d}.png") for i in range(len(latents))]
              for out, (latents, _) in zip(outputs, loaded)]
-    check_outputs(paths, [name for group in names for name in group], overwrite=args.overwrite)
-    for path, (latents, record), group in zip(paths, loaded, names):
-        size = record.image_size if record is not None else None
-        for first in range(0, len(latents), DECODE_BATCH):  # in batches: a file may hold a whole video's latents
-            batch = latents[first:first + DECODE_BATCH].to(device=param.device, dtype=param.dtype)
-            with torch.inference_mode():
-                images = model.decode(batch, tile_size=args.tile)
-            if size is not None:  # the image size before encode --pad: drop the padding
-                images = images[..., : size[0], : size[1]]
-            for image, name in zip(images, group[first:]):
-                with atomic_write(name) as partial:
-                    save_image(image, partial)
-                print(f"{path} -> {name}  {image.shape[-1]}x{image.shape[-2]}")
+    every_name = [name for group in names for name in group]
+    _check_outputs(args, paths, every_name)
+    tile = _tile(args, model, ("decoder",))
+    with item_progress(len(every_name), "decode", "image") as bar:
+        for path, (latents, record), group in zip(paths, loaded, names):
+            size = record.image_size if record is not None else None
+            for first in range(0, len(latents), DECODE_BATCH):  # in batches: a file may hold a whole video's latents
+                batch = latents[first:first + DECODE_BATCH].to(device=param.device, dtype=param.dtype)
+                with torch.inference_mode():
+                    images = model.decode(batch, tile_size=tile, progress=True)
+                if size is not None:  # the image size before encode padded it: drop the padding
+                    images = images[..., : size[0], : size[1]]
+                for image, name in zip(images, group[first:]):
+                    with atomic_write(name) as partial:
+                        save_image(image, partial)
+                    bar.write(f"{path} -> {name}  {image.shape[-1]}x{image.shape[-2]}")
+                    bar.update()
     return 0
 
 
@@ -265,15 +309,19 @@ def cmd_roundtrip(args: argparse.Namespace) -> int:
     model = load_model(args)
     paths, sizes = _image_inputs(args, model)
     outputs = output_paths(paths, args.output, ".png")  # a suffix-less OUTDIR is always a directory
-    check_outputs(paths, outputs, overwrite=args.overwrite)
-    for path, out, (height, width) in zip(paths, outputs, sizes):
-        image = _prepare(path, model, args.pad)
-        with torch.inference_mode():
-            latents = model.encode(image, tile_size=args.tile)
-            decoded = model.decode(latents, tile_size=args.tile)[..., :height, :width]
-        with atomic_write(out) as partial:
-            save_image(decoded, partial)
-        print(f"{path}: PSNR {psnr(decoded, image[..., :height, :width]):.2f} dB ({width}x{height}) -> {out}")
+    _check_outputs(args, paths, outputs)
+    tile = _tile(args, model, ("encoder", "decoder"))
+    _note_padding(args, model, paths, sizes)
+    with item_progress(len(paths), "roundtrip", "image") as bar:
+        for path, out, (height, width) in zip(paths, outputs, sizes):
+            image = _prepare(path, model, args.pad)
+            with torch.inference_mode():
+                latents = model.encode(image, tile_size=tile, progress=True)
+                decoded = model.decode(latents, tile_size=tile, progress=True)[..., :height, :width]
+            with atomic_write(out) as partial:
+                save_image(decoded, partial)
+            bar.write(f"{path}: PSNR {psnr(decoded, image[..., :height, :width]):.2f} dB ({width}x{height}) -> {out}")
+            bar.update()
     return 0
 
 
@@ -290,7 +338,7 @@ def cmd_lipsync(args: argparse.Namespace) -> int:
         args.video = DEMO_CLIP
     if not args.video.is_file():
         raise FileNotFoundError(f"video not found: {args.video}")
-    check_outputs([args.video, args.latents], [args.output], overwrite=args.overwrite)
+    _check_outputs(args, [args.video, args.latents], [args.output])
     box = Box.parse(args.box)
     model = load_model(args, encoder=args.latents is None)  # decoding given latents needs no encoder
     latents = _load_checked_latents(args.latents, model)[0] if args.latents is not None else None

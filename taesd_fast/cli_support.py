@@ -136,6 +136,12 @@ def print_error(message: str) -> int:
     return 1
 
 
+def print_note(message: str) -> None:
+    """A one-line note on stderr, `taesd-fast: note: <message>`: something the command did for the user that they
+    should know of (not a problem, so not a warning)."""
+    print(f"{PROG}: note: {message}", file=sys.stderr)
+
+
 @contextmanager
 def one_line_warnings():
     """Warnings during a command print as `taesd-fast: warning: <message>`, one line each, every time."""

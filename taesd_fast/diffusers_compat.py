@@ -231,7 +231,7 @@ class AutoencoderTinyFast(nn.Module):
         """[B, 3, H, W] images in [-1, 1] -> latents (`.latents`, or a 1-tuple with return_dict=False)."""
         self._offload_hook()
         check_tensor(x, "images", channels=3, like=self.taesd._param("encoder"))
-        warn_if_unusual_range(x, (-1.0, 1.0), self.taesd._range_checked, stacklevel=3)
+        warn_if_unusual_range(x, (-1.0, 1.0), self.taesd._range_checked)
         parts = x.split(1) if self.use_slicing and x.shape[0] > 1 else (x,)
         latents = torch.cat([self._encode01(p.add(1).div(2)) for p in parts])
         return TinyEncoderOutput(latents) if return_dict else (latents,)

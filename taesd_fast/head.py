@@ -17,7 +17,7 @@ import torch.nn as nn
 from . import dispatch
 from .kernels import head as head_ops
 from .validation import as_float_dtype, check_device, check_tensor
-from .hub import require_repo_id
+from .hub import OFFLINE_HINT, HubFiles, require_repo_id
 from .weights_io import WeightsError, read_state_dict
 
 CAUSAL_FRAMES = 2  # temporal kernel 3: two frames of history
@@ -165,16 +165,17 @@ def _locate_checkpoint(name_or_path, subfolder, filename, revision, cache_dir, l
         if not os.path.isfile(candidate):
             raise FileNotFoundError(f"no {filename} in {os.path.join(path, subfolder or '')}")
         return candidate
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     path = require_repo_id(path, example=WAN_REPO)
-    try:
-        return hf_hub_download(path, filename, subfolder=subfolder, revision=revision, cache_dir=cache_dir,
-                               local_files_only=local_files_only)
-    except LocalEntryNotFoundError as err:
-        raise FileNotFoundError(
-            f"{'/'.join(p for p in (subfolder, filename) if p)} of repo '{path}' is not in the local "
-            "huggingface_hub cache and the Hub cannot be reached (offline mode or no network); "
-            "download it once while online, or pass a local file"
-        ) from err
+    files = HubFiles(path, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
+                     subfolder=subfolder)
+    found = files.get(filename)
+    if found is not None:
+        return str(found)
+    name = "/".join(p for p in (subfolder, filename) if p)
+    if files.unreachable is not None:
+        raise FileNotFoundError(f"{name} of repo '{path}' is not in the local huggingface_hub cache and the Hub "
+                                f"cannot be reached ({files.unreachable_reason()}); {OFFLINE_HINT}")
+    if files.offline:
+        raise FileNotFoundError(f"{name} of repo '{path}' is not in the local huggingface_hub cache (offline mode); "
+                                "download it once while online, or pass a local file")
+    raise FileNotFoundError(f"repo '{path}' has no {name}")

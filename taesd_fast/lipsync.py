@@ -66,6 +66,9 @@ def probe(path: str | os.PathLike) -> VideoInfo:
         if not container.streams.video:
             raise ValueError(f"{path} has no video stream")
         stream = container.streams.video[0]
+        if not (stream.width and stream.height):  # e.g. a text file named .png, which FFmpeg's image reader accepts
+            raise ValueError(f"{path} is not a video: FFmpeg reads it as {container.format.name!r} with no frame size "
+                             "(expected a video file, such as an .mp4)")
         fps = stream.average_rate or stream.guessed_rate
         if not fps:
             raise ValueError(f"{path}: cannot tell the frame rate of its video stream")

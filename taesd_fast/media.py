@@ -77,10 +77,11 @@ def image_size(path: str | os.PathLike) -> tuple[int, int]:
 
 
 def check_image_file_size(size: tuple[int, int], multiple: int, source: str) -> None:
-    """size: (height, width). Raises a ValueError that offers --pad when a side is not a multiple."""
+    """size: (height, width). Raises a ValueError when a side is not a multiple (the CLI's --no-pad), saying that
+    without --no-pad the image is padded."""
     height, width = size
     if height % multiple or width % multiple:
         raise ValueError(
             f"{source} is {width}x{height} pixels, not a multiple of {multiple} on each side; resize or crop it, "
-            f"or pass --pad to pad it by edge replication (the decoded result is cropped back)"
+            f"or leave out --no-pad to pad it by edge replication (the decoded result is cropped back)"
         )

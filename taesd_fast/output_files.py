@@ -1,7 +1,8 @@
 """Writing output files safely: never over an input, never over an existing file unasked, never half-written.
 
 Every command that writes files (the CLI's encode, decode, roundtrip, lipsync, and any later one) first calls
-`check_outputs` with all its inputs and all its outputs, so a bad path fails before anything is written, and then
+`check_outputs` with all its inputs (the model's weights files among them) and all its outputs, so a bad path fails
+before anything is written, and then
 writes each output through `atomic_write`, so a failure leaves the previous file (or none) in place, never a
 truncated one.
 """
@@ -18,14 +19,17 @@ OVERWRITE_FLAG = "--overwrite"
 
 
 def check_outputs(inputs: Iterable[str | os.PathLike | None], outputs: Iterable[str | os.PathLike], *,
-                  overwrite: bool) -> None:
+                  overwrite: bool, weights: Iterable[str | os.PathLike] = ()) -> None:
     """Raise before any work when an output would replace an input, another output, a folder, or (without
     `overwrite`) an existing file, or when its folder cannot be written.
 
+    `weights`: the weights files the command loads its model from. They are inputs too, named as such in the
+    message: `--overwrite` never replaces them either.
     Paths are compared as files, not as text: symlinks, hard links, `./x` against `x` and `d/` against `d` all
     resolve to the same file (os.path.samefile), and two outputs collide when their resolved paths are equal.
     """
-    existing_inputs = [Path(p) for p in inputs if p is not None and Path(p).exists()]
+    existing_inputs = [(Path(p), "input") for p in inputs if p is not None and Path(p).exists()]
+    existing_inputs += [(Path(p), "weights file") for p in weights if Path(p).exists()]
     seen: dict[str, Path] = {}
     probed: set[Path] = set()
     for out in map(Path, outputs):
@@ -37,10 +41,10 @@ def check_outputs(inputs: Iterable[str | os.PathLike | None], outputs: Iterable[
         if out.is_dir():
             raise IsADirectoryError(f"output {out} is an existing folder; name a file")
         if out.exists():
-            same = next((p for p in existing_inputs if os.path.samefile(out, p)), None)
+            same = next(((p, what) for p, what in existing_inputs if os.path.samefile(out, p)), None)
             if same is not None:
-                raise ValueError(f"output {out} is the input {same}; refusing to overwrite an input, choose "
-                                 "another output path")
+                raise ValueError(f"output {out} is the {same[1]} {same[0]}; refusing to overwrite an input (even "
+                                 f"with {OVERWRITE_FLAG}), choose another output path")
         if (out.exists() or out.is_symlink()) and not overwrite:
             raise FileExistsError(f"output {out} already exists; pass {OVERWRITE_FLAG} to replace it")
         check_writable_folder(out, probed)

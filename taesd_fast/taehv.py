@@ -21,7 +21,8 @@ from .taehv_hub import VARIANTS, choose_name, detect, known_variant, resolve, sp
 from .taehv_layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
                            run_sequence)
 from .taehv_stream import StreamState, check_video, graphed_step, replayable
-from .validation import as_float_dtype, check_device
+from .validation import as_float_dtype, check_device, warn_if_slow_on_cpu
+from .value_range import warn_if_unusual_range
 
 CHUNK_BYTES = 3 << 29  # 1.5 GiB of activations per chunk of decode_video / encode_video (TAEHV.chunk_bytes)
 
@@ -50,6 +51,7 @@ class TAEHV(nn.Module):
         self.preview = Preview()
         self.cuda_graphs = True
         self.chunk_bytes = CHUNK_BYTES
+        self._range_checked: set = set()  # CUDA input signatures whose value range was checked (value_range)
 
     # ------------------------------------------------------------------------------------------ properties
 
@@ -150,6 +152,7 @@ class TAEHV(nn.Module):
         super()._apply(fn, recurse)
         conv_weights_channels_last(self)
         dispatch.prepare(self)
+        warn_if_slow_on_cpu(self)
         return self
 
     # ------------------------------------------------------------------------------------------ whole video
@@ -162,6 +165,7 @@ class TAEHV(nn.Module):
         does not grow with the video's length; parallel=False encodes t_downscale frames at a time."""
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
+        warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
         n, t, _, h, w = video.shape
         td, steps = self.t_downscale, -(-video.shape[1] // self.t_downscale)
         side = self.arch.space_scale
@@ -246,6 +250,7 @@ class TAEHV(nn.Module):
         Start with state=None; pad the end of a video yourself (repeat its last frame), as `encode_video` does."""
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
+        warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
         if video.shape[1] % self.t_downscale:
             raise ValueError(f"encode_step takes a multiple of {self.t_downscale} frames (the encoder's time "
                              f"downscale), got {video.shape[1]}; pad with copies of the last frame")

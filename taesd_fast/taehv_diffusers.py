@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from .diffusers_compat import AutoencoderTinyFast, TinyDecoderOutput, TinyVAEConfig
 from .taehv import TAEHV
+from .value_range import warn_if_unusual_range
 
 # The latent statistics of the VAEs each TAEHV was distilled from: AutoencoderKLWan's defaults (Wan 2.1 VAE,
 # 16 channels) and the Wan 2.2 TI2V 5B VAE (48 channels; Wan-Video/Wan2.2 wan/modules/vae2_2.py).
@@ -153,9 +154,14 @@ class AutoencoderTinyWan(nn.Module):
         """[B, 3, T, H, W] video in [-1, 1] -> de-normalised latents [B, z_dim, ceil(T / 4), H / s, W / s]."""
         self._offload_hook()
         _check_ncthw(x, "video", 3)
+        # The range is checked here against this interface's [-1, 1]; TAEHV's own check of the rescaled frames would
+        # give the advice for [0, 1] inputs, so it is silenced for this call.
+        warn_if_unusual_range(x, (-1.0, 1.0), self.taehv._range_checked, what="video frames")
         parts = x.split(1) if self.use_slicing and x.shape[0] > 1 else (x,)
-        latents = torch.cat([self.taehv.encode_video(p.transpose(1, 2).add(1).div(2), parallel=self.parallel)
-                             for p in parts]).transpose(1, 2)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="video frames range over", category=UserWarning)
+            latents = torch.cat([self.taehv.encode_video(p.transpose(1, 2).add(1).div(2), parallel=self.parallel)
+                                 for p in parts]).transpose(1, 2)
         mean, std = self._stats(latents)
         raw = (latents.float() * std + mean).to(latents.dtype)
         dist = DeterministicLatents(raw)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .hub import HubFiles, require_repo_id
+from .hub import OFFLINE_HINT, HubFiles, require_repo_id
 from .taehv_layers import ENCODER_WIDTH, IMAGE_CHANNELS, TAEHVArch, build_decoder, build_encoder
-from .weights_io import StateDict, WeightsError, read_state_dict, reader_reason
+from .weights_io import StateDict, WeightsError, read_state_dict
 
 HUB_REPO = "madebyollin/taehv"
 _LTX = TAEHVArch(128, 4, encoder_time=(2, 2, 2), decoder_time=(2, 2, 2))
@@ -199,15 +199,32 @@ def resolve(name_or_path, *, variant: str | None, revision: str | None = None, c
     return _from_hub(repo_id, stem, revision, cache_dir, local_files_only)
 
 
-def _from_folder(folder: Path, variant: str | None) -> tuple[StateDict, str, str | None]:
-    names = [variant] if variant else list(VARIANTS)
+def _folder_files(folder: Path, variant: str | None) -> dict[str, Path]:
+    """{variant: its file in folder} (the first of FILE_PATTERNS present) for `variant`, or for every variant."""
     found = {}
-    for name in names:
+    for name in [variant] if variant else list(VARIANTS):
         for pattern in FILE_PATTERNS:
             candidate = folder / pattern.format(v=name)
             if candidate.is_file():
                 found[name] = candidate
                 break
+    return found
+
+
+def local_weights_files(name_or_path, variant: str | None = None) -> list[Path]:
+    """The weights files that loading from `name_or_path` may read, for a local source (a file, or a folder's
+    variant files); a variant name or Hub repo id gives none. The CLI counts these as inputs that no output may
+    replace."""
+    path = Path(name_or_path) if name_or_path is not None else None
+    if path is not None and path.is_file():
+        return [path]
+    if path is not None and path.is_dir():
+        return list(_folder_files(path, variant).values())
+    return []
+
+
+def _from_folder(folder: Path, variant: str | None) -> tuple[StateDict, str, str | None]:
+    found = _folder_files(folder, variant)
     if not found:
         wanted = " / ".join(p.format(v=variant or "<variant>") for p in FILE_PATTERNS)
         raise FileNotFoundError(f"no TAEHV weights in {folder}: expected {wanted}")
@@ -228,8 +245,7 @@ def _from_hub(repo_id: str, variant: str, revision, cache_dir, local_files_only:
     where = f"repo '{repo_id}'" + (f" at revision '{revision}'" if revision else "")
     tried, unreachable, offline = files.tried, files.unreachable, files.offline
     if unreachable is not None:
-        raise FileNotFoundError(f"could not reach the Hugging Face Hub for {where} ({type(unreachable).__name__}: "
-                                f"{reader_reason(unreachable)}) and the local cache has none of {', '.join(tried)}; "
-                                "check the network, set HF_HUB_OFFLINE=1 to use cached files only, or pass a path")
+        raise FileNotFoundError(f"could not reach the Hugging Face Hub for {where} ({files.unreachable_reason()}) and "
+                                f"the local cache has none of {', '.join(tried)}; check the network; {OFFLINE_HINT}")
     mode = "in the local huggingface_hub cache (offline)" if offline else "on the Hub or in the local cache"
     raise FileNotFoundError(f"no {variant} weights for {where} {mode}; tried {', '.join(tried)}")

@@ -11,7 +11,7 @@ from . import dispatch, hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .graphs import GraphCache, parameters_of
 from .layers import conv_weights_channels_last, name_layers, preferred_layout
-from .validation import as_float_dtype, check_device, check_multiple, check_tensor
+from .validation import as_float_dtype, check_device, check_multiple, check_tensor, warn_if_slow_on_cpu
 from .value_range import warn_if_unusual_range
 
 
@@ -117,6 +117,7 @@ class TAESD(nn.Module):
             cache.clear()
         conv_weights_channels_last(self)  # and encode/decode take their inputs channels_last (preferred_layout)
         dispatch.prepare(self)
+        warn_if_slow_on_cpu(self)
         return self
 
     preferred_layout = staticmethod(preferred_layout)  # x in the layout the model runs fastest with on its device
@@ -130,7 +131,7 @@ class TAESD(nn.Module):
         return next(module.parameters())
 
     def encode(self, images: torch.Tensor, tile_size: int | str | None = None, *,
-               overlap: int | None = None) -> torch.Tensor:
+               overlap: int | None = None, progress: bool = False) -> torch.Tensor:
         """[B, 3, H, W] images in [0, 1] -> [B, C, H/8, W/8] latents (H/32, W/32 for taesana).
 
         H and W must be multiples of the downscale factor; pad or resize first (no silent padding). Images far
@@ -140,24 +141,27 @@ class TAESD(nn.Module):
             fits. The result equals the untiled encode (taesd_fast.tiling). A tile below the efficient minimum
             (twice the overlap: 144 px for TAEF2, 304 px for taesd) is raised to it with a warning.
         overlap: image pixels added around each tile; default: the receptive field, which makes tiling exact.
+        progress: show a tqdm bar over the layers run (tile by tile) when the call takes more than 2 s
+            (taesd_fast.progress): for large images on a CPU, which take minutes.
         """
-        return self._encode(images, tile_size, overlap)
+        return self._encode(images, tile_size, overlap, progress=progress)
 
     def decode(self, latents: torch.Tensor, tile_size: int | str | None = None, *,
-               overlap: int | None = None) -> torch.Tensor:
+               overlap: int | None = None, progress: bool = False) -> torch.Tensor:
         """[B, C, h, w] latents -> [B, 3, h*8, w*8] images clamped to [0, 1]. NaN in the latents stays NaN.
 
         tile_size, overlap: decode in tiles of this many output (image) pixels, as in `encode`; "auto" fits the
             free memory. The result equals the untiled decode (taesd_fast.tiling).
+        progress: a progress bar for long calls, as in `encode`.
         """
-        return self._decode(latents, tile_size, overlap)
+        return self._decode(latents, tile_size, overlap, progress=progress)
 
     def decode_unclamped(self, latents: torch.Tensor) -> torch.Tensor:
         """`decode` without the final clamp to [0, 1]: what diffusers' DecoderTiny returns."""
         return self._decode(latents, None, None, clamp=False)
 
     def _encode(self, images: torch.Tensor, tile_size, overlap, *,
-                value_range: tuple[float, float] | None = (0.0, 1.0)) -> torch.Tensor:
+                value_range: tuple[float, float] | None = (0.0, 1.0), progress: bool = False) -> torch.Tensor:
         """encode; value_range is the range the caller's images should lie in, None when the caller checked it (the
         diffusers adapter)."""
         param = self._param("encoder")
@@ -167,25 +171,40 @@ class TAESD(nn.Module):
             warn_if_unusual_range(images, value_range, self._range_checked)
         images = self.preferred_layout(images)
         tile, overlap = self._tiling("encoder", images, tile_size, overlap)
-        if tile is None:
-            return self._run("encoder", self.encoder, images)
-        from .tiling import run_tiled
+        with self._progress("encoder", images, tile, overlap, progress):
+            if tile is None:
+                return self._run("encoder", self.encoder, images)
+            from .tiling import run_tiled
 
-        return run_tiled(self, "encoder", images, tile, overlap)
+            return run_tiled(self, "encoder", images, tile, overlap)
 
-    def _decode(self, latents: torch.Tensor, tile_size, overlap, *, clamp: bool = True) -> torch.Tensor:
+    def _decode(self, latents: torch.Tensor, tile_size, overlap, *, clamp: bool = True,
+                progress: bool = False) -> torch.Tensor:
         param = self._param("decoder")
         check_tensor(latents, "latents", channels=self.latent_channels, like=param)
         latents = self.preferred_layout(latents)
         tile, overlap = self._tiling("decoder", latents, tile_size, overlap)
-        if tile is None:
-            if clamp:
-                return self._run("decoder", lambda z: self.decoder(z).clamp(0, 1), latents)
-            return self._run("raw_decoder", self.decoder, latents)
-        from .tiling import run_tiled
+        with self._progress("decoder", latents, tile, overlap, progress):
+            if tile is None:
+                if clamp:
+                    return self._run("decoder", lambda z: self.decoder(z).clamp(0, 1), latents)
+                return self._run("raw_decoder", self.decoder, latents)
+            from .tiling import run_tiled
 
-        out = run_tiled(self, "decoder", latents, tile, overlap)
+            out = run_tiled(self, "decoder", latents, tile, overlap)
         return out.clamp_(0, 1) if clamp else out
+
+    def _progress(self, part: str, x: torch.Tensor, tile: int | None, overlap: int, enabled: bool):
+        """The progress bar of one encode / decode call (taesd_fast.progress), or a no-op when not `enabled`."""
+        from contextlib import nullcontext
+
+        if not enabled:
+            return nullcontext()
+        from .progress import layer_calls, layer_progress
+
+        calls, windows = layer_calls(self, part, x, tile, overlap)
+        desc = ("encode" if part == "encoder" else "decode") + (f" ({windows} tiles)" if windows > 1 else "")
+        return layer_progress(getattr(self, part), calls, desc)
 
     def _tiling(self, part: str, x: torch.Tensor, tile_size, overlap) -> tuple[int | None, int]:
         """(tile in image pixels or None for untiled, overlap in image pixels) for this call."""

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from .layers import Block
 from .tile_memory import HEADROOM, LIVE, free_bytes, widest_activation
+from .validation import user_stacklevel
 
 # Receptive-field radius, in latent cells, of the layers that get tiled: an output cell changes only when an
 # input cell at most this far away (per axis) changes. Measured by perturbing one cell of random-init models and
@@ -120,17 +121,21 @@ def choose_tile(model, part: str, x: torch.Tensor, tile, overlap: int) -> int | 
 
     "auto": None when the untiled run fits in the free memory, else the largest tile that fits. A number below
     `minimum_tile` is raised to it with a warning."""
-    smallest = minimum_tile(model, overlap)
     if tile == "auto":
-        return _auto_tile(model, part, x, overlap, smallest)
-    if tile < smallest:
-        warnings.warn(
-            f"tile_size={tile} is too small to tile efficiently: each tile runs with {overlap} extra pixels on every "
-            f"side, so a tile under {smallest} px spends most of its time on that border; using tile_size={smallest}",
-            stacklevel=5,
-        )
-        return smallest
-    return tile
+        return _auto_tile(model, part, x, overlap, minimum_tile(model, overlap))
+    return efficient_tile(model, tile, overlap)
+
+
+def efficient_tile(model, tile: int, overlap: int, name: str = "tile_size=") -> int:
+    """`tile`, or `minimum_tile` with a warning when `tile` is below it. name: how the caller spells the option in
+    the warning ('tile_size=' in Python; the CLI passes '--tile ')."""
+    smallest = minimum_tile(model, overlap)
+    if tile >= smallest:
+        return tile
+    warnings.warn(f"{name}{tile} is too small to tile efficiently: each tile runs with {overlap} extra pixels on "
+                  f"every side, so a tile under {smallest} px spends most of its time on that border; using "
+                  f"{name}{smallest}", stacklevel=user_stacklevel())
+    return smallest
 
 
 def image_size(model, part: str, x: torch.Tensor) -> tuple[int, int]:
@@ -170,7 +175,7 @@ def _auto_tile(model, part: str, x: torch.Tensor, overlap: int, smallest: int) -
     need = memory_needed(model, part, x, smallest, overlap)
     warnings.warn(f"tile_size='auto': even the smallest efficient tile ({smallest} px) needs about {need / 2**30:.1f} "
                   f"GiB and only {budget / HEADROOM / 2**30:.1f} GiB is free on {x.device}; trying it anyway",
-                  stacklevel=6)
+                  stacklevel=user_stacklevel())
     return smallest
 
 

@@ -1,5 +1,6 @@
-"""A warning for images whose values are far outside the range the encoder expects (0-255 values, or [-1, 1] images
-given where [0, 1] is expected): the encoder would run and return plausible-looking but wrong latents.
+"""A warning for images (TAESD) or video frames (TAEHV) whose values are far outside the range the encoder expects
+(0-255 values, or [-1, 1] images given where [0, 1] is expected): the encoder would run and return
+plausible-looking but wrong latents.
 
 The check is one `torch.aminmax` pass and one read of its two values. On the CPU that costs well under 1% of an
 encode, so every call is checked. On CUDA the read waits for the GPU, which would stall the launch queue on every
@@ -13,6 +14,8 @@ from __future__ import annotations
 import warnings
 
 import torch
+
+from .validation import user_stacklevel
 
 # How to rescale 0-255 values into each range an encoder takes.
 _FROM_255 = {(0.0, 1.0): "divide by 255", (-1.0, 1.0): "use x / 127.5 - 1"}
@@ -35,10 +38,11 @@ def range_hint(low: float, high: float, expected: tuple[float, float]) -> str | 
 
 
 def warn_if_unusual_range(images: torch.Tensor, expected: tuple[float, float] = (0.0, 1.0),
-                          checked: set | None = None, stacklevel: int = 4) -> None:
+                          checked: set | None = None, what: str = "images") -> None:
     """warnings.warn when `images` lie far outside `expected` (see range_hint). `checked`: the CUDA signatures
-    (with the expected range) already checked for this model (CUDA inputs are checked once per signature; see the module docstring).
-    stacklevel: as warnings.warn's, counted from this function (4: the caller of TAESD.encode)."""
+    (with the expected range) already checked for this model (CUDA inputs are checked once per signature; see the
+    module docstring). what: how the message names the input ("images"; TAEHV says "video frames"). The
+    warning names the user's line that called into the package."""
     if images.numel() == 0 or images.device.type == "meta" or torch.compiler.is_compiling():
         return
     if images.is_cuda:
@@ -53,5 +57,5 @@ def warn_if_unusual_range(images: torch.Tensor, expected: tuple[float, float] = 
     hint = range_hint(low, high, tuple(float(v) for v in expected))
     if hint is not None:
         lo, hi = expected
-        warnings.warn(f"images range over [{low:.4g}, {high:.4g}] but the encoder expects [{lo:g}, {hi:g}]: {hint}",
-                      stacklevel=stacklevel)
+        warnings.warn(f"{what} range over [{low:.4g}, {high:.4g}] but the encoder expects [{lo:g}, {hi:g}]: {hint}",
+                      stacklevel=user_stacklevel())

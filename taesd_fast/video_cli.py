@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .cli_support import model_param, positive_int, resolve_device, resolve_dtype
 from .latents_io import LATENTS_KEY, read_tensor_file
 from .output_files import OVERWRITE_FLAG, atomic_write, check_outputs
-from .taehv_hub import VARIANTS
+from .taehv_hub import VARIANTS, local_weights_files
 
 DEFAULT_FPS = Fraction(16)  # Wan 2.1's frame rate, when neither the latents file nor --fps gives one
 
@@ -87,19 +87,21 @@ def _add_common(p: argparse.ArgumentParser, encoder: bool = False) -> None:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def check_output(output: Path, inputs: list[Path], overwrite: bool, suffix: str) -> None:
-    """The output's suffix, then the shared rules (output_files): never over an input, an existing output only
-    with --overwrite, a folder that can be written."""
-    if output.suffix.lower() != suffix:
-        raise ValueError(f"-o {output}: expected a {suffix} file")
-    check_outputs(inputs, [output], overwrite=overwrite)
+def check_output(args: argparse.Namespace, inputs: list[Path], suffix: str) -> None:
+    """-o's suffix, then the shared rules (output_files): never over an input (the --weights file or the folder's
+    variant files included, even with --overwrite), an existing output only with --overwrite, a folder that can be
+    written."""
+    if args.output.suffix.lower() != suffix:
+        raise ValueError(f"-o {args.output}: expected a {suffix} file")
+    check_outputs(inputs, [args.output], overwrite=args.overwrite,
+                  weights=local_weights_files(args.weights, args.variant))
 
 
 def _video_job(args: argparse.Namespace, suffix: str, decoder: bool):
     """Checks and loads shared by encode and roundtrip: (video info, model, clock)."""
     from .lipsync import probe
 
-    check_output(args.output, [args.video], args.overwrite, suffix)
+    check_output(args, [args.video], suffix)
     info = probe(args.video)
     if args.variant is None and (args.weights is None or not Path(args.weights).is_file()):
         raise ValueError(f"which TAEHV for {args.video}? pass --variant ({', '.join(VARIANTS)}) or --weights FILE")
@@ -190,7 +192,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     from .lipsync import VideoWriter
 
-    check_output(args.output, [args.latents], args.overwrite, ".mp4")
+    check_output(args, [args.latents], ".mp4")
     latents, metadata = load_video_latents(args.latents, args.ncthw)
     variant = args.variant or (metadata.get("variant") if metadata.get("variant") in VARIANTS else None)
     model = load_model(args, variant, encoder=False, decoder=True)

@@ -219,6 +219,26 @@ def hub_offline(monkeypatch):
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
 
 
+@pytest.fixture(autouse=True)
+def fresh_hub_probe(monkeypatch):
+    """Each test starts without the process's remembered answer of the Hub probe (taesd_fast.hub), so one test's
+    network (or a test's fake) does not decide for the next."""
+    from taesd_fast import hub
+
+    monkeypatch.setattr(hub, "_hub_answers", {})
+
+
+@pytest.fixture
+def hub_reachable(monkeypatch):
+    """The Hub probe answers 'reachable' without a request: for tests whose faked hf_hub_download plays an online
+    Hub."""
+    from huggingface_hub import constants
+
+    from taesd_fast import hub
+
+    monkeypatch.setattr(hub, "_hub_answers", {constants.ENDPOINT: None})
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Fail loudly if a test tries to reach the Hub (the CI machine has no network; a hang would be worse)."""

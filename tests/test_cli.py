@@ -18,6 +18,7 @@ import torch
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
 from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
+from conftest import IMAGE_NAMES, PHOTOS  # noqa: E402
 from taesd_fast.cli import main  # noqa: E402
 from taesd_fast.latents_io import load_latents, save_latents  # noqa: E402
 SUBCOMMANDS = ("encode", "decode", "roundtrip", "lipsync", "bench", "info")
@@ -87,16 +88,49 @@ def test_encode_then_decode_safetensors(capsys, image, tmp_path):
         assert decoded.size == (64, 96)
 
 
-def test_image_not_a_multiple_of_8_is_an_error_that_offers_pad(capsys, odd_image, tmp_path):
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_every_bundled_image_works_on_the_first_try(capsys, tmp_path, name):
+    """None of the bundled images has sides that are multiples of 8: the first command a new user tries on one
+    failed. They are padded by default, with a one-line note, and the decode is cropped back."""
+    path = PHOTOS[name]
+    with Image.open(path) as im:
+        width, height = im.size
+    assert width % 8 or height % 8
+    code, out, err = run(capsys, "encode", path, "-o", tmp_path / "z.safetensors")
+    assert code == 0, err
+    note = (f"taesd-fast: note: {path} is {width}x{height}, not a multiple of 8 on each side: padded to "
+            f"{-(-width // 8) * 8}x{-(-height // 8) * 8} by repeating its edge pixels, and cropped back to its size "
+            "after decoding (--no-pad makes this an error)\n")
+    assert err.startswith(note) and "taesd-fast:" not in err[len(note):], err  # a progress bar may follow
+    latents, record = load_latents(tmp_path / "z.safetensors")
+    assert latents.shape[-2:] == (-(-height // 8), -(-width // 8)) and record.image_size == (height, width)
+
+
+def test_roundtrip_of_the_bundled_painting_keeps_its_size(capsys, tmp_path):
+    code, out, err = run(capsys, "roundtrip", PHOTOS["monalisa"], "-o", tmp_path / "rt")
+    assert code == 0 and "PSNR" in out and err.count("taesd-fast: note: ") == 1, err
+    with Image.open(tmp_path / "rt" / "monalisa.png") as decoded:
+        assert decoded.size == (300, 447)
+
+
+def test_a_command_that_fails_prints_its_error_alone(capsys, odd_image, tmp_path):
+    """The padding note comes only once every check has passed: a failed command prints one line."""
+    (tmp_path / "rt").mkdir()
+    (tmp_path / "rt" / "odd.png").write_bytes(b"an earlier result")
+    code, _, err = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt")
+    assert_user_error(code, err, "already exists")
+
+
+def test_no_pad_makes_an_image_not_a_multiple_of_8_an_error(capsys, odd_image, tmp_path):
     for command in ("encode", "roundtrip"):
-        code, _, err = run(capsys, command, odd_image, "-o", tmp_path / "out")
-        assert_user_error(code, err, "70x90", "not a multiple of 8", "--pad")
+        code, _, err = run(capsys, command, odd_image, "-o", tmp_path / "out", "--no-pad")
+        assert_user_error(code, err, "70x90", "not a multiple of 8", "leave out --no-pad")
     assert not (tmp_path / "out").exists()
 
 
-def test_pad_keeps_the_original_size(capsys, odd_image, tmp_path):
-    code, out, _ = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt", "--pad")
-    assert code == 0 and "PSNR" in out
+def test_pad_keeps_the_original_size_without_a_note(capsys, odd_image, tmp_path):
+    code, out, err = run(capsys, "roundtrip", odd_image, "-o", tmp_path / "rt", "--pad")
+    assert code == 0 and "PSNR" in out and "note" not in err  # asked for: nothing to point out
     with Image.open(tmp_path / "rt" / "odd.png") as decoded:
         assert decoded.size == (70, 90)
 
@@ -224,6 +258,31 @@ def test_lipsync_defaults_to_the_demo_clip(capsys, tmp_path):
         source, written = clip.streams.video[0], result.streams.video[0]
         assert (written.width, written.height, written.average_rate) == (source.width, source.height, 25)
         assert written.frames == 2
+
+
+def _make_demo_argv() -> list[str]:
+    """The arguments of the taesd-fast command that `make demo` runs, as make itself expands the recipe."""
+    if shutil.which("make") is None:
+        pytest.fail("`make` is needed: the README's two set-up commands are make targets")
+    dry = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    (line,) = [line for line in dry.stdout.splitlines() if "taesd-fast lipsync" in line]
+    return line.split()[1:]  # after the taesd-fast executable
+
+
+def test_make_demo_succeeds_a_second_time(capsys, tmp_path, monkeypatch):
+    """The second `make demo` stopped at 'output lipsync_demo.mp4 already exists'. The demo's output is its own: a
+    second run replaces it (here with 2 frames, from a scratch folder, so the repository's file is not touched)."""
+    av = pytest.importorskip("av")
+    argv = _make_demo_argv()
+    assert argv[0] == "lipsync" and "--latents" not in argv  # the round trip of the bundled clip (README)
+    monkeypatch.chdir(tmp_path)
+    for frames in ("2", "3"):
+        code, out, err = run(capsys, *argv, "--max-frames", frames, "--batch-size", "2")
+        assert code == 0, err
+        with av.open(str(tmp_path / "lipsync_demo.mp4")) as result:
+            assert result.streams.video[0].frames == int(frames)  # the second run's video, not the first's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lipsync_demo.mp4"]
 
 
 @pytest.mark.parametrize("name", ["out.avi", "out.mkv", "out"])

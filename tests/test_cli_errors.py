@@ -139,6 +139,19 @@ def test_lipsync_on_files_that_are_not_videos(capsys, av, tmp_path):
     assert not (tmp_path / "out.mp4").exists()
 
 
+@pytest.mark.parametrize("command", [["lipsync"], ["video", "roundtrip"], ["video", "encode"]])
+def test_a_text_file_named_like_an_image_is_not_a_video(capsys, av, tmp_path, command):
+    """FFmpeg opens a text file named fake.png as a 0x0 image stream; the command failed later in libx264 with
+    'avcodec_open2(...) returned 22'."""
+    fake = tmp_path / "fake.png"
+    fake.write_text("not an image, not a video")
+    suffix = ".safetensors" if command[-1] == "encode" else ".mp4"
+    variant = ["--variant", "taew2_1"] if command[0] == "video" else []  # video's check comes before any load
+    code, _, err = run(capsys, *command, fake, "-o", tmp_path / f"out{suffix}", *variant)
+    assert_user_error(code, err, f"{fake} is not a video", "expected a video file")
+    assert not (tmp_path / f"out{suffix}").exists()
+
+
 def write_smooth_video(av, path: Path, width: int, height: int, frames: int) -> list:
     """A lossless (FFV1) video of smooth gradients, which 4:2:0 H.264 keeps close; returns the frames."""
     import numpy as np

@@ -157,6 +157,30 @@ def test_lipsync_never_writes_over_its_video(capsys, tmp_path):
     assert video.read_bytes() == DEMO_CLIP.read_bytes()
 
 
+def test_the_weights_the_command_reads_are_inputs_too(capsys, tmp_path, monkeypatch):
+    """`encode -o DIR/taef2_encoder.safetensors --weights DIR --overwrite` replaced the weights it was reading; the
+    bundled weights (no --weights) are as safe."""
+    from taesd_fast import hub
+
+    image = small_image(tmp_path / "in.png")
+    folder = tmp_path / "w"
+    folder.mkdir()
+    for name in ("taef2_encoder.safetensors", "taef2_decoder.safetensors"):
+        (folder / name).write_bytes((hub.BUNDLED_DIR / name).read_bytes())
+    before = files_in(folder)
+    for part in ("encoder", "decoder"):  # roundtrip reads both
+        out = folder / f"taef2_{part}.safetensors"
+        for extra in ([], ["--overwrite"]):
+            code, _, err = run(capsys, "encode", image, "-o", out, "--weights", folder, *extra)
+            assert_user_error(code, err, f"output {out} is the weights file {out}", "even with --overwrite")
+    code, _, err = run(capsys, "roundtrip", image, "-o", folder / "taef2_decoder.png", "--weights", folder)
+    assert code == 0, err  # a new file beside the weights is fine
+    monkeypatch.setattr(hub, "BUNDLED_DIR", folder)  # the default weights, without touching the repository's copy
+    code, _, err = run(capsys, "encode", image, "-o", folder / "taef2_encoder.safetensors", "--overwrite")
+    assert_user_error(code, err, "is the weights file")
+    assert {k: v for k, v in files_in(folder).items() if k in before} == before
+
+
 def test_check_outputs_directly(tmp_path):
     data = tmp_path / "data.bin"
     data.write_bytes(b"x")

@@ -48,7 +48,7 @@ def test_tile_auto_is_passed_through(capsys, image, tmp_path, monkeypatch):
     encode, decode = TAESD.encode, TAESD.decode
 
     def spy(original):
-        def call(self, x, tile_size=None):
+        def call(self, x, tile_size=None, progress=False):
             seen.append(tile_size)
             return original(self, x)  # untiled: this test is about the option, not the tiling
 
@@ -58,8 +58,19 @@ def test_tile_auto_is_passed_through(capsys, image, tmp_path, monkeypatch):
     monkeypatch.setattr(TAESD, "decode", spy(decode))
     ok(capsys, "roundtrip", image, "-o", tmp_path / "rt", "--tile", "auto")
     ok(capsys, "encode", image, "-o", tmp_path / "z.safetensors", "--tile", "AUTO")
-    ok(capsys, "decode", tmp_path / "z.safetensors", "-o", tmp_path / "z.png", "--tile", "64")
-    assert seen == ["auto", "auto", "auto", 64]
+    ok(capsys, "decode", tmp_path / "z.safetensors", "-o", tmp_path / "z.png", "--tile", "256")
+    ok(capsys, "roundtrip", image, "-o", tmp_path / "rt2")  # auto is the default: tiles only when memory is short
+    assert seen == ["auto", "auto", "auto", 256, "auto", "auto"]
+
+
+def test_a_tile_too_small_is_raised_with_one_warning_per_command(capsys, image, tmp_path):
+    """roundtrip warned twice (encode and decode each raised the tile)."""
+    code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "rt", "--tile", "64")
+    assert code == 0
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert warnings == ["taesd-fast: warning: --tile 64 is too small to tile efficiently: each tile runs with 72 extra "
+                        "pixels on every side, so a tile under 144 px spends most of its time on that border; using "
+                        "--tile 144"], err
 
 
 @pytest.mark.parametrize("value", ["big", "0", "-32", "3.5"])

@@ -299,7 +299,7 @@ def _fake_download(available: dict[str, Path]):
     return mock.Mock(side_effect=download)
 
 
-def test_download_receives_revision_cache_dir_and_subfolder(files, reference_model, probe, tmp_path):
+def test_download_receives_revision_cache_dir_and_subfolder(files, reference_model, probe, tmp_path, hub_reachable):
     d = files["diffusers"]
     fake = _fake_download({f"vae/{n}": d / n for n in ("config.json", "diffusion_pytorch_model.safetensors")})
     with mock.patch("huggingface_hub.hf_hub_download", fake):
@@ -327,7 +327,7 @@ def test_download_falls_back_to_upstream_files(files, reference_model, probe):
     assert all(c.kwargs["local_files_only"] is True and c.kwargs["subfolder"] is None for c in fake.call_args_list)
 
 
-def test_unreachable_hub_is_reported_once_and_the_cache_still_searched(files, reference_model, probe):
+def test_unreachable_hub_is_reported_once_and_the_cache_still_searched(files, reference_model, probe, hub_reachable):
     """No network: the first lookup fails with a connection error; the rest must only search the cache (no minutes
     of retries per candidate file) and the error must say the Hub could not be reached, not that files are absent."""
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -344,7 +344,9 @@ def test_unreachable_hub_is_reported_once_and_the_cache_still_searched(files, re
 
     fake = mock.Mock(side_effect=download)
     with mock.patch("huggingface_hub.hf_hub_download", fake):
-        assert_same_model(TAESD.from_pretrained(REPO), reference_model, probe)  # found in the cache after all
+        with pytest.warns(UserWarning, match=r"cannot be reached .*using the cached copy.*HF_HUB_OFFLINE=1"):
+            model = TAESD.from_pretrained(REPO)
+        assert_same_model(model, reference_model, probe)  # found in the cache after all
         assert [c.kwargs["local_files_only"] for c in fake.call_args_list].count(False) == 1
         cached.clear()
         fake.reset_mock()
@@ -354,7 +356,7 @@ def test_unreachable_hub_is_reported_once_and_the_cache_still_searched(files, re
         assert [c.kwargs["local_files_only"] for c in fake.call_args_list].count(False) == 1
 
 
-def test_download_of_encoder_only_asks_for_no_decoder(files):
+def test_download_of_encoder_only_asks_for_no_decoder(files, hub_reachable):
     st = files["safetensors"]
     fake = _fake_download({"taef2_encoder.safetensors": st / "taef2_encoder.safetensors"})
     with mock.patch("huggingface_hub.hf_hub_download", fake):

@@ -147,3 +147,13 @@ if __name__ == "__main__":  # a report: python tests/test_import_graph.py
     for m in sorted(inner):
         if inner[m]:
             print(f"  {m} imports at call time: {', '.join(sorted(inner[m]))}")
+
+
+def test_numpy_is_a_core_requirement():
+    """A plain install (no [media]) printed torch's 'Failed to initialize NumPy' on every command, and latents files
+    need NumPy: it is declared where it is needed, in the core requirements, not only in an extra."""
+    from importlib.metadata import requires
+
+    assert "import numpy" in (PACKAGE / "latents_io.py").read_text()  # the core module that reads latents files
+    core = [r for r in requires("taesd_fast") or [] if "extra ==" not in r]
+    assert any(r.replace(" ", "").lower().startswith("numpy") for r in core), core

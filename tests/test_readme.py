@@ -51,3 +51,13 @@ def test_every_command_line_names_a_real_subcommand():
         if command == "video":
             (video_sub,) = [a for a in sub.choices["video"]._actions if a.__class__.__name__ == "_SubParsersAction"]
             assert second in video_sub.choices, second
+
+
+def test_the_demo_line_says_what_make_demo_runs():
+    """The README called the default demo a 'lip-sync decode'; without --latents it is an encode-decode round trip."""
+    makefile = (README.parent / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(r"^demo:.*\n\t(.*)$", makefile, re.M).group(1)
+    (line,) = [line for line in _text().splitlines() if line.startswith("make demo")]
+    assert "lipsync" in recipe and "--latents" not in recipe, recipe
+    assert "round trip" in line and "decode of" not in line, line
+    assert re.search(r"^DEMO_OUTPUT := (\S+)$", makefile, re.M).group(1) in line  # the file it names is the one written

@@ -140,3 +140,17 @@ def test_unreadable_latents_files_read_as_image_latents_files_do(weights, tmp_pa
     err = capsys.readouterr().err
     assert "should hold a latents tensor or a dict with key 'latents', got dict" in err and err.count("\n") == 1
     assert not (tmp_path / "a.mp4").exists() and not (tmp_path / "b.mp4").exists()
+
+
+def test_the_weights_file_is_an_input_that_no_output_replaces(clip, weights, tmp_path, capsys):
+    """`video encode ... -o W --weights W --overwrite` replaced the weights it was reading; so would a folder's file."""
+    own = tmp_path / "taehv.safetensors"
+    own.write_bytes(weights.read_bytes())
+    before = own.read_bytes()
+    for source in (own, tmp_path):  # the file itself, or the folder that holds it
+        for extra in ([], ["--overwrite"]):
+            assert _run(["video", "encode", str(clip), "-o", str(own), "--weights", str(source), *extra]) == 1
+            err = capsys.readouterr().err
+            assert f"output {own} is the weights file {own}" in err and "even with --overwrite" in err, err
+            assert err.count("\n") == 1
+    assert own.read_bytes() == before

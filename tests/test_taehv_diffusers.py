@@ -95,6 +95,20 @@ def test_encode_gives_what_the_pipelines_normalise(w22):
     torch.testing.assert_close(normalised, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_encode_warns_for_video_outside_its_own_range(w21):
+    """The adapter takes [-1, 1]: 0-255 frames get the [-1, 1] advice, once (not TAEHV's [0, 1] advice as well)."""
+    import warnings
+
+    video = torch.rand(1, 3, 5, 16, 16, generator=torch.Generator().manual_seed(3))
+    with pytest.warns(UserWarning, match=r"video frames range over .* expects \[-1, 1\]: looks like 0-255 pixel "
+                                         r"values; use x / 127\.5 - 1") as record:
+        w21.encode(video * 255)
+    assert len(record) == 1 and record[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w21.encode(video * 2 - 1)
+
+
 def test_same_shapes_and_conventions_as_autoencoderklwan(w21):
     real = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1).eval()
     video = torch.rand(1, 3, 9, 32, 32) * 2 - 1

@@ -129,7 +129,7 @@ def test_folder_and_hub_cache(tmp_path, w22_state, hub_offline, no_network):
         TAEHV.from_pretrained()
 
 
-def test_hub_download_asks_for_the_variant_file(monkeypatch, tmp_path, w22_state):
+def test_hub_download_asks_for_the_variant_file(monkeypatch, tmp_path, w22_state, hub_reachable):
     """Online: the variant picks the file; the first published name present is used."""
     import huggingface_hub
     from huggingface_hub.errors import EntryNotFoundError

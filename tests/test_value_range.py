@@ -101,3 +101,41 @@ def test_no_check_while_compiling(taef2, monkeypatch):
         warnings.simplefilter("error")
         taef2.encode(photo_like() * 255)
     assert calls == []
+
+
+@pytest.fixture(scope="module")
+def taehv():
+    from reference_taehv import published_keys, random_state_dict
+
+    from taesd_fast import TAEHV
+
+    return TAEHV.from_state_dict(random_state_dict(published_keys(16, 1), seed=4))
+
+
+def test_video_encode_warns_like_image_encode(taehv):
+    """TAEHV.encode_video returned garbage for 0-255 or [-1, 1] frames without a word; it now warns as TAESD does,
+    from the streaming step too, and stays silent for [0, 1] frames and for decoding."""
+    video = torch.rand(1, 4, 3, 16, 24, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match=r"video frames range over \[0\.\d+, 25\d\.?\d*\] but the encoder "
+                                             r"expects \[0, 1\]: looks like 0-255 pixel values; divide by 255") as record:
+            taehv.encode_video(video * 255)
+        assert len(record) == 1 and record[0].filename == __file__
+        with pytest.warns(UserWarning, match=r"looks like \[-1, 1\] images; use \(x \+ 1\) / 2") as record:
+            taehv.encode_step(video * 2 - 1)
+        assert record[0].filename == __file__
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            latents = taehv.encode_video(video)
+            taehv.decode_video(latents * 10)
+    assert latents.shape == (1, 1, 16, 2, 3)
+
+
+def test_video_is_checked_once_per_call(taehv, monkeypatch):
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k))
+    video = torch.rand(1, 8, 3, 16, 16) * 255
+    with torch.no_grad(), pytest.warns(UserWarning):
+        taehv.encode_video(video)
+    assert calls == [video.shape]
