@@ -279,11 +279,27 @@ def resolve(name_or_path: str | os.PathLike | None, *, encoder_path=None, decode
                                     + weights_hint(variant))
         return load_from_folder(BUNDLED_DIR, load_encoder, load_decoder, variant)
     path = Path(name_or_path)
+    if isinstance(name_or_path, str) and name_or_path in VARIANTS and not path.exists():
+        return _load_variant(name_or_path, variant, load_encoder, load_decoder, hub_kwargs)
     if path.is_dir():  # a local copy of a repo: subfolder means the same as on the Hub
         return load_from_folder(path / (hub_kwargs.get("subfolder") or ""), load_encoder, load_decoder, variant)
     if path.is_file():
         raise ValueError(f"{path} is a single file: pass encoder_path= and/or decoder_path= instead")
     return load_from_hub(require_repo_id(name_or_path), load_encoder=load_encoder, load_decoder=load_decoder, **hub_kwargs)
+
+
+def _load_variant(name: str, variant: str | None, load_encoder: bool, load_decoder: bool, hub_kwargs: dict):
+    """A bare variant name, as TAEHV takes them: the bundled weights for taef2, the Hub repo for the others that
+    have one, else a one-line error saying where the files are."""
+    if variant not in (None, name):
+        raise ValueError(f"from_pretrained({name!r}, variant={variant!r}): the name is a variant already; give one")
+    if name == BUNDLED_DEFAULT:
+        return load_from_folder(BUNDLED_DIR, load_encoder, load_decoder, name)
+    if name in HUB_REPOS:
+        return load_from_hub(HUB_REPOS[name], load_encoder=load_encoder, load_decoder=load_decoder,
+                             **dict(hub_kwargs, variant=name))
+    raise FileNotFoundError(f"{name}'s weights are on no Hub repo and not bundled; load them with "
+                            + weights_hint(name))
 
 
 def require_repo_id(name: str | os.PathLike, example: str = "madebyollin/taesd") -> str:

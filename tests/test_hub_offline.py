@@ -153,3 +153,21 @@ def test_the_output_head_uses_the_same_probe(tmp_path, no_network, downloads):
         OutputHead.from_pretrained(cache_dir=tmp_path)
     assert "\n" not in str(info.value) and all(downloads)
 
+
+
+def test_bare_variant_names_load_as_taehv_names_do(tmp_path, hub_offline):
+    """TAESD.from_pretrained("taesd") means madebyollin/taesd, "taef2" the bundled weights, and a variant with no
+    repo gets a one-line error saying where its files are (an existing folder of that name is read as a folder)."""
+    import torch
+
+    bundled, by_name = TAESD.from_pretrained(), TAESD.from_pretrained("taef2")
+    assert by_name.variant == "taef2"
+    assert all(torch.equal(a, b) for a, b in zip(bundled.state_dict().values(), by_name.state_dict().values()))
+    with pytest.raises(FileNotFoundError) as info:
+        TAESD.from_pretrained("taesdxl", cache_dir=tmp_path)
+    assert "madebyollin/taesdxl" in str(info.value) and "neither an existing local folder" not in str(info.value)
+    with pytest.raises(FileNotFoundError, match=r"^taesana's weights are on no Hub repo.*variant='taesana'") as info:
+        TAESD.from_pretrained("taesana")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="the name is a variant already"):
+        TAESD.from_pretrained("taesd", variant="taef1")
