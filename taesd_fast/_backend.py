@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from . import resources
+from .kernel_env import cache_dir, kernels_disabled
 
-__all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_kernel", "is_loaded", "cache_dir", "Kernel"]
+__all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_kernel", "is_loaded", "Kernel"]
 
 _PRELUDE = "common.cuh"
 _HOPPER_PRELUDE = "hopper.cuh"  # after common.cuh, for the ARCH_SPECIFIC sources
@@ -30,16 +31,6 @@ _lock = threading.RLock()
 _avail: dict[int, str | None] = {}  # device index -> None (ok) or reason
 _kernels: dict[tuple, "Kernel"] = {}
 _libs: dict[str, ctypes.CDLL] = {}
-
-
-def cache_dir() -> Path:
-    """Root of on-disk caches (cubins, dispatch timings); TAESD_FAST_CACHE_DIR overrides."""
-    env = os.environ.get("TAESD_FAST_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "taesd_fast"
-
-
-def _disabled() -> bool:
-    return os.environ.get("TAESD_FAST_DISABLE_KERNELS", "").strip() not in ("", "0", "false", "False")
 
 
 # --------------------------------------------------------------------------- libraries
@@ -115,22 +106,6 @@ def _nvrtc_version() -> str:
     a, b = ctypes.c_int(), ctypes.c_int()
     _check_rtc(_nvrtc().nvrtcVersion(ctypes.byref(a), ctypes.byref(b)), "nvrtcVersion")
     return f"{a.value}.{b.value}"
-
-
-_sources_hash: list[str] = []
-
-
-def sources_hash() -> str:
-    """Short hash of every .cu/.cuh source: part of the dispatch timing keys, so edited kernels get re-timed."""
-    if not _sources_hash:
-        h = hashlib.sha256()
-        sources = resources.csrc_sources()
-        if not sources:
-            raise FileNotFoundError(f"taesd_fast: no kernel sources (.cu/.cuh) in {resources.csrc_dir()}")
-        for p in sources:
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
-        _sources_hash.append(h.hexdigest()[:10])
-    return _sources_hash[0]
 
 
 def _read_source(source_name: str) -> str:
@@ -380,7 +355,7 @@ def is_loaded(source_name: str, kernel_name: str, defines: dict[str, int] | None
 
 
 def _probe(index: int) -> str | None:
-    if _disabled():
+    if kernels_disabled():
         return "disabled by TAESD_FAST_DISABLE_KERNELS"
     if torch.version.cuda is None or getattr(torch.version, "hip", None):
         return "torch is a CPU build" if torch.version.cuda is None else "ROCm builds are not supported"
@@ -400,7 +375,7 @@ def _probe(index: int) -> str | None:
 def kernels_unavailable_reason(device=None) -> str | None:
     """None if the custom kernels can run on `device` (default: current CUDA device), else why not.
     The outcome is cached per device; TAESD_FAST_DISABLE_KERNELS=1 is re-read on every call."""
-    if _disabled():
+    if kernels_disabled():
         return "disabled by TAESD_FAST_DISABLE_KERNELS"
     if torch.version.cuda is None:
         return "torch is a CPU build"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend
+from .. import kernel_env
 from . import decide, store, table, tuner
 from .calls import conv2d, head_conv, head_full
 from .decide import (
@@ -57,7 +57,7 @@ def prepare(target) -> None:
     """Called with the device a model is being loaded to, and with the model when its parameters move (its
     `_apply`): on CUDA, with kernels in play, the kernel modules are imported in the background (no CUDA work),
     so the first call does not wait for them."""
-    if get_backend() == "torch" or _backend._disabled():
+    if get_backend() == "torch" or kernel_env.kernels_disabled():
         return
     if isinstance(target, torch.nn.Module):
         on_cuda = any(p.is_cuda for p in target.parameters())

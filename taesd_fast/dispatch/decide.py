@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .. import _backend
+from .. import _backend, kernel_env
 from . import measure, store, table
 from .spec import Spec
 
@@ -151,7 +151,7 @@ def capturing(spec: Spec) -> bool:
 def _device_reason(row: table.Row, spec: Spec) -> str | None:
     if spec.device.split(":")[0] not in row.devices:
         return "CPU tensor" if spec.device == "cpu" else f"{spec.device} tensor"
-    if row.kernel and _backend._disabled():  # the switch covers the Triton kernels too
+    if row.kernel and kernel_env.kernels_disabled():  # the switch covers the Triton kernels too
         return "disabled by TAESD_FAST_DISABLE_KERNELS"
     return None
 
