@@ -218,7 +218,7 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
     if mode == "kernels":
         if timed:
             return _record(spec, min(timed, key=timed.get), f"forced kernels, {why}", ms, skipped)
-        untried = [n for n in table.kernel_rows.forced_order(spec.layout) if n in kernels and n not in failed]
+        untried = [n for n in table.forced_order(spec.layout) if n in kernels and n not in failed]
         if untried:
             return _record(spec, untried[0], f"forced kernels, default order ({why})", ms, skipped)
         return _record(spec, ref, "forced kernels, but every kernel failed", ms, skipped)

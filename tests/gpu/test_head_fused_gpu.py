@@ -13,6 +13,7 @@ import torch
 
 from conftest import random_output_head, video_from_channels
 from taesd_fast import OutputHead, backend
+from taesd_fast.dispatch import table
 from taesd_fast.kernels import head_fused as hf
 from taesd_fast.kernels import rows as kernel_rows
 
@@ -345,7 +346,7 @@ def test_each_head_full_row(name, with_cache, patch):
 
     if _backend.kernels_unavailable_reason() is not None:
         pytest.skip(f"the stencil kernel is unavailable: {_backend.kernels_unavailable_reason()}")
-    row = kernel_rows.row("head_full", name)
+    row = table.row("head_full", name)
     head = _head(seed=21)
     features, cache = _inputs(1, 256, 3, 24, 40, seed=21, with_cache=with_cache)
     spec = dispatch.Spec("head_full", "cuda:0", tuple(features.shape), (12, 256, 3, 3, 3), torch.bfloat16, 1, True,
@@ -372,7 +373,7 @@ def test_split_head_row():
 
     if _backend.kernels_unavailable_reason() is not None:
         pytest.skip(f"the stencil kernel is unavailable: {_backend.kernels_unavailable_reason()}")
-    row = kernel_rows.row("head", "split_bf16")
+    row = table.row("head", "split_bf16")
     head = _head(seed=22)
     _, weight, bias = _params(head)
     gen = torch.Generator(device="cuda").manual_seed(22)
