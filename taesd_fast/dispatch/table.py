@@ -21,8 +21,8 @@ ROWS: list[Row] = [
     Row("torch", "head_full", torch_ops.head_full, kernel=False, devices=_ANY),
     *KERNEL_ROWS,
 ]
-# DEFAULT_ORDER, forced_order(layout): backend("kernels") with no timings prefers the rows that read the input's
-# layout natively (kernels/rows.py).
+# backend("kernels") with no timings tries the kernels in forced_order(layout): DEFAULT_ORDER with the rows that read
+# the input's layout natively first (kernels/rows.py).
 
 
 def rows(kind: str) -> list[Row]:
