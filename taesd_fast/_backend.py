@@ -5,6 +5,10 @@ without CUDA_HOME, and adds nvcc flags. We talk to NVRTC (shipped with CUDA torc
 driver directly through ctypes, with no headers: csrc/common.cuh is prepended as plain text. The sources are
 found through `resources` (the checkout's csrc/ or the installed taesd_fast/_csrc).
 
+This module compiles, loads and launches, nothing else: the cache root and the off switch it reads are in
+kernel_env.py, the TMA descriptors its kernels take are encoded in kernels/tma.py (through `driver()`). Of the package
+it imports only two leaves, resources and kernel_env, so every layer may import it.
+
 Nothing here touches CUDA at import time.
 """
 
@@ -14,14 +18,14 @@ import ctypes
 import hashlib
 import os
 import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from . import resources
+from .kernel_env import cache_dir, kernels_disabled
 
-__all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_kernel", "is_loaded", "cache_dir", "Kernel"]
+__all__ = ["kernels_available", "kernels_unavailable_reason", "probed", "get_kernel", "is_loaded", "Kernel"]
 
 _PRELUDE = "common.cuh"
 _HOPPER_PRELUDE = "hopper.cuh"  # after common.cuh, for the ARCH_SPECIFIC sources
@@ -30,16 +34,6 @@ _lock = threading.RLock()
 _avail: dict[int, str | None] = {}  # device index -> None (ok) or reason
 _kernels: dict[tuple, "Kernel"] = {}
 _libs: dict[str, ctypes.CDLL] = {}
-
-
-def cache_dir() -> Path:
-    """Root of on-disk caches (cubins, dispatch timings); TAESD_FAST_CACHE_DIR overrides."""
-    env = os.environ.get("TAESD_FAST_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "taesd_fast"
-
-
-def _disabled() -> bool:
-    return os.environ.get("TAESD_FAST_DISABLE_KERNELS", "").strip() not in ("", "0", "false", "False")
 
 
 # --------------------------------------------------------------------------- libraries
@@ -71,7 +65,8 @@ def _find_nvrtc_fallback(first: Exception) -> ctypes.CDLL:
     raise OSError(f"NVRTC not found ({first})")
 
 
-def _cuda() -> ctypes.CDLL:
+def driver() -> ctypes.CDLL:
+    """The CUDA driver library (libcuda), loaded once; kernels/tma.py encodes its descriptors through it too."""
     if "cuda" not in _libs:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -81,10 +76,11 @@ def _cuda() -> ctypes.CDLL:
     return _libs["cuda"]
 
 
-def _check_cu(rc: int, what: str) -> None:
+def check_driver(rc: int, what: str) -> None:
+    """Raise RuntimeError naming `what` and the driver's message unless rc is CUDA_SUCCESS."""
     if rc != 0:
         s = ctypes.c_char_p()
-        _cuda().cuGetErrorString(rc, ctypes.byref(s))
+        driver().cuGetErrorString(rc, ctypes.byref(s))
         raise RuntimeError(f"{what} failed: CUDA driver error {rc} ({(s.value or b'?').decode()})")
 
 
@@ -115,22 +111,6 @@ def _nvrtc_version() -> str:
     a, b = ctypes.c_int(), ctypes.c_int()
     _check_rtc(_nvrtc().nvrtcVersion(ctypes.byref(a), ctypes.byref(b)), "nvrtcVersion")
     return f"{a.value}.{b.value}"
-
-
-_sources_hash: list[str] = []
-
-
-def sources_hash() -> str:
-    """Short hash of every .cu/.cuh source: part of the dispatch timing keys, so edited kernels get re-timed."""
-    if not _sources_hash:
-        h = hashlib.sha256()
-        sources = resources.csrc_sources()
-        if not sources:
-            raise FileNotFoundError(f"taesd_fast: no kernel sources (.cu/.cuh) in {resources.csrc_dir()}")
-        for p in sources:
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
-        _sources_hash.append(h.hexdigest()[:10])
-    return _sources_hash[0]
 
 
 def _read_source(source_name: str) -> str:
@@ -198,15 +178,15 @@ def _binary(source_name: str, defines: dict[str, int], cc: int) -> bytes:
 
 def _ensure_context(index: int) -> None:
     """Make torch's primary context for `index` current on this thread (module loads need one)."""
-    lib = _cuda()
+    lib = driver()
     cur = ctypes.c_void_p()
-    _check_cu(lib.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+    check_driver(lib.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
     if cur.value:
         return
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    _check_cu(lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
-    _check_cu(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    _check_cu(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    check_driver(lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+    check_driver(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check_driver(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
@@ -223,53 +203,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("num_attrs", ctypes.c_uint)]
 
 
-_TMA_DTYPES = {torch.float16: 6, torch.bfloat16: 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16
-
-
-_TENSOR_MAPS_KEPT = 64
-_tensor_maps: OrderedDict = OrderedDict()  # recently encoded descriptors, most recent last
-_tensor_maps_lock = threading.Lock()
-
-
-def tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[int],
-               swizzle: bool = True) -> ctypes.Array:
-    """A TMA descriptor (CUtensorMap, 128 bytes) over f16 or bf16 tensor t's memory: dims innermost first, strides
-    in elements for dims 1.., box in elements; 128-byte swizzle (or none), zero fill out of bounds.
-
-    A descriptor is a pure function of these arguments and the address, so the last few are kept and reused: the
-    caching allocator hands a stream of same-shape calls the same few addresses, and encoding through ctypes costs
-    tens of microseconds of an eager call's host time."""
-    key = (t.data_ptr(), t.dtype, tuple(dims), tuple(strides), tuple(box), swizzle)
-    with _tensor_maps_lock:
-        desc = _tensor_maps.get(key)
-        if desc is not None:
-            _tensor_maps.move_to_end(key)
-            return desc
-    desc = _encode_tensor_map(t, dims, strides, box, swizzle)
-    with _tensor_maps_lock:
-        _tensor_maps[key] = desc
-        if len(_tensor_maps) > _TENSOR_MAPS_KEPT:
-            _tensor_maps.popitem(last=False)
-    return desc
-
-
-def _encode_tensor_map(t: torch.Tensor, dims: list[int], strides: list[int], box: list[int],
-                       swizzle: bool) -> ctypes.Array:
-    lib = _cuda()
-    rank = len(dims)
-    raw = (ctypes.c_ubyte * 192)()  # CUtensorMap is 64-byte aligned: carve an aligned 128 bytes out of this
-    desc = (ctypes.c_ubyte * 128).from_address(-(-ctypes.addressof(raw) // 64) * 64)
-    desc._keep = raw
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    rc = lib.cuTensorMapEncodeTiled(
-        ctypes.byref(desc), _TMA_DTYPES[t.dtype], rank, ctypes.c_void_p(t.data_ptr()),
-        (u64 * rank)(*dims), (u64 * max(1, rank - 1))(*[s * t.element_size() for s in strides]),
-        (u32 * rank)(*box), (u32 * rank)(*([1] * rank)),
-        0, 3 if swizzle else 0, 2, 0)  # no interleave, 128-byte swizzle or none, L2 promotion 128 B, zero fill
-    _check_cu(rc, f"cuTensorMapEncodeTiled(dims={dims}, box={box})")
-    return desc
-
-
 class Kernel:
     """A loaded CUDA function. Call as kernel(grid, block, args, smem=0, stream=None, pdl=False); pdl=True launches
     with programmatic dependent launch (the kernel then must run griddepcontrol.wait before reading what the
@@ -277,7 +210,7 @@ class Kernel:
 
     args: tensors / None -> device pointers; Python int -> int32 (range-checked); Python float ->
     float32; ctypes scalars pass through unchanged (use ctypes.c_int64 etc. for other widths), ctypes arrays and
-    structures by value (a `tensor_map` for a __grid_constant__ CUtensorMap parameter).
+    structures by value (a `kernels.tma.tensor_map` for a __grid_constant__ CUtensorMap parameter).
     Launches on torch.cuda.current_stream() of the kernel's device; never synchronizes.
     """
 
@@ -289,12 +222,12 @@ class Kernel:
 
     def _attr(self, attr: int) -> int:
         v = ctypes.c_int()
-        _check_cu(_cuda().cuFuncGetAttribute(ctypes.byref(v), attr, self.func), f"cuFuncGetAttribute({self.name})")
+        check_driver(driver().cuFuncGetAttribute(ctypes.byref(v), attr, self.func), f"cuFuncGetAttribute({self.name})")
         return v.value
 
     def _allow_smem(self, nbytes: int) -> None:
         if nbytes > self._smem_limit:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check_cu(_cuda().cuFuncSetAttribute(self.func, 8, nbytes), f"set smem {nbytes} for {self.name}")
+            check_driver(driver().cuFuncSetAttribute(self.func, 8, nbytes), f"set smem {nbytes} for {self.name}")
             self._smem_limit = nbytes
 
     def __call__(self, grid, block, args, smem: int = 0, stream=None, pdl: bool = False) -> None:
@@ -324,11 +257,11 @@ class Kernel:
             attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
             attr.value[0] = 1
             config = _LaunchConfig(*g, *b, smem, stream.cuda_stream, ctypes.pointer(attr), 1)
-            rc = _cuda().cuLaunchKernelEx(ctypes.byref(config), self.func, ctypes.cast(params, ctypes.c_void_p), None)
+            rc = driver().cuLaunchKernelEx(ctypes.byref(config), self.func, ctypes.cast(params, ctypes.c_void_p), None)
         else:
-            rc = _cuda().cuLaunchKernel(self.func, *g, *b, smem, ctypes.c_void_p(stream.cuda_stream),
+            rc = driver().cuLaunchKernel(self.func, *g, *b, smem, ctypes.c_void_p(stream.cuda_stream),
                                         ctypes.cast(params, ctypes.c_void_p), None)
-        _check_cu(rc, f"launch {self.name} grid={g} block={b} smem={smem}")
+        check_driver(rc, f"launch {self.name} grid={g} block={b} smem={smem}")
 
 
 def _device_index(device) -> int:
@@ -345,10 +278,12 @@ def _load(source_name: str, kernel_name: str, defines: dict[str, int], index: in
     image = _binary(source_name, defines, major * 10 + minor)
     with torch.cuda.device(index):
         _ensure_context(index)
-        lib = _cuda()
+        lib = driver()
         mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-        _check_cu(lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)), f"cuModuleLoadData({source_name})")
-        _check_cu(lib.cuModuleGetFunction(ctypes.byref(fn), mod, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
+        check_driver(lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)),
+                     f"cuModuleLoadData({source_name})")
+        check_driver(lib.cuModuleGetFunction(ctypes.byref(fn), mod, kernel_name.encode()),
+                     f"cuModuleGetFunction({kernel_name})")
         return Kernel(fn, mod, index, kernel_name)
 
 
@@ -380,7 +315,7 @@ def is_loaded(source_name: str, kernel_name: str, defines: dict[str, int] | None
 
 
 def _probe(index: int) -> str | None:
-    if _disabled():
+    if kernels_disabled():
         return "disabled by TAESD_FAST_DISABLE_KERNELS"
     if torch.version.cuda is None or getattr(torch.version, "hip", None):
         return "torch is a CPU build" if torch.version.cuda is None else "ROCm builds are not supported"
@@ -400,7 +335,7 @@ def _probe(index: int) -> str | None:
 def kernels_unavailable_reason(device=None) -> str | None:
     """None if the custom kernels can run on `device` (default: current CUDA device), else why not.
     The outcome is cached per device; TAESD_FAST_DISABLE_KERNELS=1 is re-read on every call."""
-    if _disabled():
+    if kernels_disabled():
         return "disabled by TAESD_FAST_DISABLE_KERNELS"
     if torch.version.cuda is None:
         return "torch is a CPU build"

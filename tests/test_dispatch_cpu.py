@@ -263,16 +263,16 @@ def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
 
 
 def test_table_is_pytorch_rows_plus_every_kernel_row():
-    """The dispatcher runs nothing but its PyTorch rows and the kernel modules' rows (kernels/rows.py), and each
-    kernel row runs the same function for eager calls and graph replays: which kernel suits which is measured."""
+    """The dispatcher runs nothing but its PyTorch rows and the kernel modules' rows (kernels/rows.py), the very
+    objects, and each kernel row runs the same function for eager calls and graph replays: which kernel suits which
+    is measured."""
     from taesd_fast.kernels import rows as kernel_rows
 
     assert [(r.kind, r.name) for r in dispatch.ROWS if not r.kernel] == [
         ("conv2d", "torch"), ("head", "torch"), ("head_full", "torch")]
-    assert [(r.kind, r.name) for r in dispatch.ROWS if r.kernel] == [(k.kind, k.name) for k in kernel_rows.KERNEL_ROWS]
+    assert [r for r in dispatch.ROWS if r.kernel] == kernel_rows.KERNEL_ROWS
     for k in kernel_rows.KERNEL_ROWS:
-        r = dispatch.table.row(k.kind, k.name)
-        assert r.run is k.run and r.supports is k.supports and r.layouts == k.layouts and r.nvrtc == k.nvrtc
+        assert dispatch.table.row(k.kind, k.name) is k and isinstance(k, dispatch.Row) and k.module
 
 
 def test_tuning_bar_names_the_call_and_can_be_hidden(monkeypatch, capsys):

@@ -119,15 +119,46 @@ def test_the_graph_reader_sees_cycles_and_function_level_imports(tmp_path, monke
 def test_kernels_module_level_imports_form_no_cycle():
     """The kernel layer: every kernel module imports the shared helpers (triton_import, gluon_import, device,
     tma_pdl, conv_contract, conv_epilogue, conv_pack, head_g_layout, ...), never the other way round."""
-    top, _ = import_graph()
+    top, inner = import_graph()
     kernels = {m: {t for t in ts if t.startswith("taesd_fast.kernels")} for m, ts in top.items()
                if m.startswith("taesd_fast.kernels")}
     assert not cycles(kernels), f"module-level import cycles in taesd_fast.kernels: {_describe(cycles(kernels))}"
-    helpers = ("triton_import", "gluon_import", "device", "tma_pdl", "conv_contract", "conv_epilogue", "conv_pack",
-               "head_g_layout", "row", "derived", "conv_schedule")
+    helpers = ("triton_import", "gluon_import", "device", "tma_pdl", "tma", "conv_contract", "conv_epilogue",
+               "conv_pack", "head_g_layout", "head_math", "row", "derived", "conv_schedule")
     for h in helpers:
         assert not any(t.startswith("taesd_fast.kernels.conv_tc") for t in top[f"taesd_fast.kernels.{h}"]), h
     assert not top["taesd_fast.kernels.rows"] - {"taesd_fast.kernels.row"}, "rows.py must import kernels lazily"
+    assert not top["taesd_fast.kernels.row"] | inner["taesd_fast.kernels.row"], "row.py is a leaf"
+
+
+def _reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+def test_backend_imports_only_its_leaves():
+    """_backend compiles, loads and launches; every layer imports it, so it imports none of them (the dispatcher
+    least of all), not even at call time: only resources and kernel_env."""
+    top, inner = import_graph()
+    both = {m: top[m] | inner[m] for m in top}
+    reached = _reachable(both, {"taesd_fast._backend"}) - {"taesd_fast._backend"}
+    assert reached == {"taesd_fast.resources", "taesd_fast.kernel_env"}, sorted(reached)
+
+
+def test_dispatch_imports_no_kernel_module_at_import_time():
+    """Importing the dispatcher imports, of taesd_fast.kernels, only the row registry (row, rows) and the head's
+    PyTorch arithmetic (head_math): the kernel modules (and Triton, ~1 s) are reached through the rows' loaders at
+    the first call that needs them."""
+    top, _ = import_graph()
+    dispatch = {m for m in top if m == "taesd_fast.dispatch" or m.startswith("taesd_fast.dispatch.")}
+    kernels = {m for m in _reachable(top, dispatch) if m.startswith("taesd_fast.kernels.")}
+    assert kernels == {"taesd_fast.kernels.row", "taesd_fast.kernels.rows", "taesd_fast.kernels.head_math"}, kernels
 
 
 def test_package_imports_form_no_cycle():

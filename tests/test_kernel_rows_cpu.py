@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from taesd_fast.dispatch import Spec
+from taesd_fast.dispatch import Spec, table
 from taesd_fast.kernels import rows
 from taesd_fast.kernels.gluon_import import GLUON_ERROR
 
@@ -57,7 +57,7 @@ def h200(monkeypatch):
 
 
 def why(name: str, spec: Spec) -> str | None:
-    return rows.row(spec.kind, name).supports(spec)
+    return table.row(spec.kind, name).supports(spec)
 
 
 # --------------------------------------------------------------------------- the table
@@ -76,8 +76,8 @@ def test_table_lists_each_kernel_once_with_its_module_functions():
     nchw_first = rows.forced_order("nchw")
     assert nchw_first[:3] == ("simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile")  # NCHW inputs reach the SIMT convs
     assert rows.forced_order("channels_last")[0] == "gluon_conv_up"
-    with pytest.raises(KeyError, match="no conv2d kernel row named 'tc'"):
-        rows.row("conv2d", "tc")
+    with pytest.raises(KeyError, match=r"no conv2d row named 'tc' \(have: \['torch', 'triton_conv'"):
+        table.row("conv2d", "tc")
 
 
 def test_cpu_specs_are_refused_without_importing_triton():
@@ -190,7 +190,7 @@ def test_cuda_conv_rows_takes_64_to_64_wider_than_64(h200):
 @pytest.mark.parametrize("variant", ["tile", "ocb4", "rb"])
 def test_simt_rows_take_nchw_f16_up_to_64_channels(variant):
     name = f"simt_f16_{variant}"
-    r = rows.row("conv2d", name)
+    r = table.row("conv2d", name)
     assert r.layouts == ("nchw",) and r.nvrtc
     for spec in (conv((1, 3, 16, 16), 64, layout="nchw"), conv((2, 64, 9, 7), 3, layout="nchw")):
         assert why(name, spec) is None, spec

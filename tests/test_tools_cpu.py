@@ -190,12 +190,12 @@ def test_sanitizer_cases_cover_exactly_the_kernel_rows():
 
 
 def test_sanitizer_cases_are_inside_their_rows_rules_on_an_h200(h200):  # noqa: F811
-    from taesd_fast.kernels import rows
+    from taesd_fast.dispatch import table
 
     sanitize = load_tool(TOOLS / "triton_sanitize.py")
     refused = []
     for (kind, name), cases in sanitize.CASES.items():
-        row = rows.row(kind, name)
+        row = table.row(kind, name)
         for case in cases:
             spec = sanitize.case_spec(kind, name, case)
             why = row.supports(spec)

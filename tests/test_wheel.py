@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from taesd_fast import TAESD, _backend, resources
+from taesd_fast import TAESD, kernel_env, resources
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("pyproject.toml", "README.md", "taesd_fast", "csrc", "weights")
@@ -41,7 +41,7 @@ package = Path(taesd_fast.__file__).resolve().parent
 assert prefix in package.parents, f"imported {package}, not the wheel installed in {prefix}"
 
 import torch
-from taesd_fast import TAESD, _backend, hub, resources
+from taesd_fast import TAESD, _backend, hub, kernel_env, resources
 
 csrc = resources.csrc_dir()
 names = [p.name for p in resources.csrc_sources()]
@@ -62,7 +62,7 @@ with torch.no_grad():
 out.write_text(json.dumps({
     "package": str(package), "csrc": str(csrc), "weights": str(resources.weights_dir()),
     "bundled_dir": str(hub.BUNDLED_DIR), "names": names, "referenced": referenced, "read": read,
-    "sources_hash": _backend.sources_hash(), "files": files,
+    "sources_hash": kernel_env.sources_hash(), "files": files,
 }))
 '''
 
@@ -134,7 +134,7 @@ def test_installed_package_reads_its_own_sources(installed):
     assert sorted(child["read"]) == [n for n in checkout if n.endswith(".cu")]
     assert all(size > 0 for size in child["read"].values())
     # The same names and bytes give the same hash, so installed and checkout kernels share dispatch timings.
-    assert child["sources_hash"] == _backend.sources_hash()
+    assert child["sources_hash"] == kernel_env.sources_hash()
     expected = {p.name: p for p in resources.csrc_sources(ROOT / "csrc")}
     expected.update({"weights/" + p.name: p for p in (ROOT / "weights").iterdir() if p.is_file()})
     assert child["files"] == {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in expected.items()}
@@ -160,4 +160,4 @@ def test_checkout_lookup_without_symlinks():
     assert not (ROOT / "taesd_fast" / "weights").exists() and not (ROOT / "taesd_fast" / "csrc").exists()
     with pytest.raises(FileNotFoundError, match=r"kernel source 'nope\.cu' is missing .*taesd_fast/_csrc/.*csrc/"):
         resources.csrc_path("nope.cu")
-    assert re.fullmatch(r"[0-9a-f]{10}", _backend.sources_hash())
+    assert re.fullmatch(r"[0-9a-f]{10}", kernel_env.sources_hash())

@@ -70,7 +70,7 @@ def case_spec(kind: str, name: str, case: tuple, device: str = "cuda:0") -> Spec
     """The dispatcher's Spec of a case (what the row's support rule is asked)."""
     if kind == "conv2d":
         B, c_in, c_out, H, W, stride, up, bias, residual, relu, clamp = case
-        layout = kernel_rows.row(kind, name).layouts[0]
+        layout = table.row(kind, name).layouts[0]
         return Spec(kind, device, (B, c_in, H, W), (c_out, c_in, 3, 3), torch.float16, stride, bias, residual, relu,
                     layout, up, clamp)
     if kind == "head":

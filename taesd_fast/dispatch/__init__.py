@@ -1,7 +1,7 @@
 """Which implementation runs each conv: one table of rows (table.py), chosen per shape by measurement.
 
     spec.py       what a decision depends on (Spec) and its timings-file key
-    table.py      the rows: PyTorch (torch_ops.py) and each custom kernel, with its support rule
+    table.py      the rows (kernels/row.py Row): PyTorch (torch_ops.py), then every kernel row (kernels/rows.py)
     measure.py    timing rows on the GPU (in the tuning process, or the caller in blocking tuning)
     store.py      timings on disk, shared by processes
     decide.py     backend and tuning modes, decisions, the generation counter
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend
-from . import decide, store, table, tuner
+from .. import kernel_env
+from ..kernels import rows as kernel_rows
+from . import decide, store, tuner
 from .calls import conv2d, head_conv, head_full
 from .decide import (
     MARGIN, MODES, TUNING_MODES, Record, backend, get_backend, get_tuning, graph_timing, set_backend, set_tuning,
@@ -57,14 +58,14 @@ def prepare(target) -> None:
     """Called with the device a model is being loaded to, and with the model when its parameters move (its
     `_apply`): on CUDA, with kernels in play, the kernel modules are imported in the background (no CUDA work),
     so the first call does not wait for them."""
-    if get_backend() == "torch" or _backend._disabled():
+    if get_backend() == "torch" or kernel_env.kernels_disabled():
         return
     if isinstance(target, torch.nn.Module):
         on_cuda = any(p.is_cuda for p in target.parameters())
     else:
         on_cuda = target is not None and torch.device(target).type == "cuda"
     if on_cuda:
-        table.kernel_rows.import_in_background()
+        kernel_rows.import_in_background()
 
 
 def poll() -> None:

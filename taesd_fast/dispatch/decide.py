@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .. import _backend
+from .. import _backend, kernel_env
 from . import measure, store, table
 from .spec import Spec
 
@@ -151,7 +151,7 @@ def capturing(spec: Spec) -> bool:
 def _device_reason(row: table.Row, spec: Spec) -> str | None:
     if spec.device.split(":")[0] not in row.devices:
         return "CPU tensor" if spec.device == "cpu" else f"{spec.device} tensor"
-    if row.kernel and _backend._disabled():  # the switch covers the Triton kernels too
+    if row.kernel and kernel_env.kernels_disabled():  # the switch covers the Triton kernels too
         return "disabled by TAESD_FAST_DISABLE_KERNELS"
     return None
 
@@ -218,7 +218,7 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
     if mode == "kernels":
         if timed:
             return _record(spec, min(timed, key=timed.get), f"forced kernels, {why}", ms, skipped)
-        untried = [n for n in table.kernel_rows.forced_order(spec.layout) if n in kernels and n not in failed]
+        untried = [n for n in table.forced_order(spec.layout) if n in kernels and n not in failed]
         if untried:
             return _record(spec, untried[0], f"forced kernels, default order ({why})", ms, skipped)
         return _record(spec, ref, "forced kernels, but every kernel failed", ms, skipped)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .. import _backend
+from .. import kernel_env
 
 TIMING_METHOD = 2  # in the timings-file key: 2 = graph-replay GPU time (+ eager launch CPU time); 1 = eager events
 
@@ -38,7 +38,7 @@ class Spec:
     def key(self, gpu: str, graph: bool = False) -> str:
         """Timings-file key; `graph` marks timings taken as CUDA-graph replays."""
         flags = "".join(f for f, on in (("b", self.bias), ("r", self.residual), ("R", self.relu)) if on) or "-"
-        return (f"{gpu}|torch{torch.__version__}|src{_backend.sources_hash()}|t{TIMING_METHOD}|{self.kind}|"
+        return (f"{gpu}|torch{torch.__version__}|src{kernel_env.sources_hash()}|t{TIMING_METHOD}|{self.kind}|"
                 f"x{fmt_shape(self.x_shape)}|w{fmt_shape(self.w_shape)}|"
                 f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")

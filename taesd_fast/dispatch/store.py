@@ -12,7 +12,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .. import _backend
+from .. import kernel_env
 
 _lock = threading.Lock()  # guards the in-memory copy; never held while measuring
 _memory: dict[str, dict] = {}  # key -> {"ms": {row: ms}, "failed": {row: why}}
@@ -20,7 +20,7 @@ _loaded_from: Path | None = None
 
 
 def timings_path() -> Path:
-    return _backend.cache_dir() / "dispatch" / "timings.json"
+    return kernel_env.cache_dir() / "dispatch" / "timings.json"
 
 
 def read_json(path) -> dict:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..kernels import head as head_ops  # the head's PyTorch pieces (norm, window, unpatchify); no CUDA at import
+from ..kernels import head_math  # the head's PyTorch pieces (norm, window, unpatchify)
 
 
 def soft_clamp(x: Tensor) -> Tensor:
@@ -31,5 +31,5 @@ def head(x, w, b) -> Tensor:
 
 
 def head_full(x, cache, gamma, w, b, eps, patch=0) -> tuple[Tensor, Tensor]:
-    window = head_ops.causal_window(head_ops.activate(x, gamma, eps), cache)
-    return head_ops.unpatchify(head(window, w, b), patch), window[:, :, -2:]
+    window = head_math.causal_window(head_math.activate(x, gamma, eps), cache)
+    return head_math.unpatchify(head(window, w, b), patch), window[:, :, -2:]

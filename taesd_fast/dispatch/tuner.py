@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .. import _backend
+from .. import kernel_env
 from . import decide, store, table
 from .spec import Spec, meta_to_json, spec_to_json
 
@@ -166,7 +166,7 @@ _epoch = 0
 
 
 def log_path() -> Path:
-    return _backend.cache_dir() / "dispatch" / "tuner.log"
+    return kernel_env.cache_dir() / "dispatch" / "tuner.log"
 
 
 def _log_file():

@@ -22,6 +22,7 @@ from .conv_pack import packed_weight, plan
 from .conv_schedule import rows_per_program
 from .derived import derived
 from .device import sm_count
+from .tma import tensor_map
 
 NAME = "cuda_conv_rows"
 SOURCE, KERNEL = "conv_row_sm90.cu", "conv_row_sm90"
@@ -67,7 +68,7 @@ def _nhwc_map(t: Tensor, box_w: int, box_c: int = 64):
     """TMA descriptor over channels_last t [B, 64, H, W] as NHWC: boxes of box_w pixels x box_c channels (64:
     128-byte swizzled rows; 8: one unswizzled 16-byte chunk per pixel)."""
     B, C, H, W = t.shape
-    return _backend.tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], [box_c, box_w, 1, 1], swizzle=box_c == 64)
+    return tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], [box_c, box_w, 1, 1], swizzle=box_c == 64)
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
@@ -79,7 +80,7 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     # tma_pdl: the weights load before the wait).
     built = []
     wk = derived.get(wp, ("conv_row",), lambda: built.append(1) or wp.reshape(9, 64, 64).transpose(1, 2).contiguous())
-    w_map = _backend.tensor_map(wk, [64, 9 * 64], [64], [64, 64])
+    w_map = tensor_map(wk, [64, 9 * 64], [64], [64, 64])
     x_map = _nhwc_map(x, STRIP + 2, 8)
     y_map = _nhwc_map(out, STRIP)
     r_map = _nhwc_map(residual, STRIP) if residual is not None else y_map

@@ -24,6 +24,7 @@ from torch import Tensor
 from .. import _backend
 from .device import capability, sm_count
 from .head_g_layout import GC as G
+from .tma import tensor_map
 from .tma_pdl import frames_layout, frames_tma_reason
 
 NAME = "cuda_fused"
@@ -92,7 +93,7 @@ def _frames_map(x: Tensor, frames: int):
     """TMA descriptor over x's frames (tma_pdl.frames_layout, innermost first), boxes of 64 pixels x 64 channels
     of one frame."""
     shape, strides = frames_layout(x, frames)
-    return _backend.tensor_map(x, shape[::-1], strides[-2::-1], [BLOCK_P, 1, CHUNK, 1])
+    return tensor_map(x, shape[::-1], strides[-2::-1], [BLOCK_P, 1, CHUNK, 1])
 
 
 def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,
@@ -105,7 +106,7 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
         new_cache[:, :, 0].zero_()  # the window's causal zero frame; the kernel skips zero frames
     x_map = _frames_map(features, t)
     c_map = _frames_map(cache, 2) if cache is not None else x_map
-    w_map = _backend.tensor_map(wt.reshape(3 * G, c), [c, 3 * G], [c], [CHUNK, G])
+    w_map = tensor_map(wt.reshape(3 * G, c), [c, 3 * G], [c], [CHUNK, G])
     tiles = -(-(h * w) // BLOCK_P)
     nc_map = _frames_map(new_cache, 2)
     kernel = _backend.get_kernel(source, KERNEL, _defines(c), device=features.device)

@@ -1,29 +1,46 @@
-"""KernelRow: one kernel the dispatcher can choose, as rows.KERNEL_ROWS lists them. A leaf module (no imports from
-the package) so that the dispatcher's table and the kernel modules can both name it."""
+"""Row: one implementation of a call kind the dispatcher can choose, a PyTorch op or a custom kernel. A leaf module
+(no imports from the package) so that the dispatcher's table (dispatch/table.py) and the kernel rows
+(kernels/rows.py) both hold these objects, with nothing converted between the layers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["KernelRow"]
+__all__ = ["Row"]
+
+
+def _no_reason(spec) -> None:
+    return None
+
+
+def _loaded(spec) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
-class KernelRow:
-    """name: what the dispatcher, the timings file and the report call it. kind: "conv2d", "head" or "head_full"
-    (the call signatures: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp) -> y; head (x, w, b) -> y;
-    head_full (x, cache, gamma, w, b, eps, patch) -> (out, new cache)). supports(spec): None, or why the kernel
-    cannot run the call (from the spec's fields alone). run: launches exactly this kernel. ready(spec): True when it
-    can launch without compiling or loading anything (checked during CUDA-graph capture). layouts: input layouts
-    it reads natively (others are converted first). nvrtc: needs our NVRTC-built CUDA C++ kernels (the dispatcher
-    checks that they can build here). module: the kernel module under taesd_fast/kernels."""
+class Row:
+    """name: what the dispatcher, the timings file and the report call it. kind: "conv2d", "head" or "head_full",
+    which fixes the arguments of `run`: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp) -> y;
+    head (x, w, b) -> y; head_full (x, cache, gamma, w, b, eps, patch) -> (video, new cache).
+
+    supports(spec): None, or why the row cannot run the call (from the spec's fields alone). kernel: a custom
+    kernel, which auto mode runs only where it was measured faster than PyTorch (False for the PyTorch rows).
+    ready(spec): True when `run` can launch without compiling or loading anything (checked before a CUDA-graph
+    capture uses it). layouts: input layouts it reads natively (others are converted first). devices: device types
+    it can run on, checked before `supports`, so a CPU call imports no kernel module. nvrtc: needs our NVRTC-built
+    CUDA C++ kernels (the dispatcher checks that they can build here). module: the kernel module under
+    taesd_fast/kernels that `run` lives in, or None.
+
+    Which supported row runs is decided by measurement (dispatch/decide.py), never by rules hidden in a row."""
 
     name: str
     kind: str
-    supports: Callable[..., str | None]
     run: Callable
-    ready: Callable[..., bool]
-    layouts: tuple
-    nvrtc: bool
-    module: str
+    supports: Callable[..., str | None] = _no_reason
+    kernel: bool = True
+    ready: Callable[..., bool] = _loaded
+    layouts: tuple = ("nchw",)
+    devices: tuple = ("cuda",)
+    nvrtc: bool = True
+    module: str | None = None

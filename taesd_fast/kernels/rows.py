@@ -1,9 +1,11 @@
-"""Every kernel the dispatcher can choose, one row each: the dispatcher's table is its PyTorch rows + KERNEL_ROWS.
+"""Every kernel the dispatcher can choose, one Row (row.py) each: the dispatcher's table (dispatch/table.py) is its
+PyTorch rows + KERNEL_ROWS, these very objects; look a row up with dispatch.table.row(kind, name).
 
 Each row names its kernel module; the module defines the row's support rule (`spec_unsupported_reason(spec)`), its
 launch (`run`) and whether it is loaded (`spec_ready(spec)`). Nothing here imports a kernel module, Triton or CUDA:
-each function imports its module on first call (importing Triton takes about a second), and the Triton-based rows
-answer "CPU tensor" for CPU specs without importing anything.
+each function imports its module on first call (importing Triton takes about a second), and the rows answer
+"CPU tensor" for CPU specs without importing anything. A row's launch is resolved at its first call and called
+directly from then on.
 
 DEFAULT_ORDER is the preference where nothing was measured (forced-kernel mode): the latency kernels first (their
 rules admit only the small problems they are built for), then the row-streaming and TMA kernels, the pointer kernel
@@ -17,9 +19,9 @@ import functools
 import importlib
 import threading
 
-from .row import KernelRow
+from .row import Row
 
-__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "row"]
+__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "import_in_background"]
 
 
 def _module(name: str):
@@ -53,19 +55,29 @@ def _run(module: str, attr: str = "run", **fixed):
     return run
 
 
-def _conv(name: str, module: str, layouts: tuple = ("channels_last",), nvrtc: bool = False) -> KernelRow:
-    return KernelRow(name, "conv2d", _supports(module), _run(module), _ready(module), layouts, nvrtc, module)
+def _kernel(name: str, kind: str, module: str, run: str = "run", supports: tuple = (), ready: tuple = (),
+            layouts: tuple = ("channels_last",), nvrtc: bool = True, loads: str | None = None, **fixed) -> Row:
+    """A kernel row whose functions live in `loads` (default: `module`, the module named as the row's): run is the
+    function named `run`, supports and ready are (attribute, *extra arguments) of its rule and readiness check
+    (default: spec_unsupported_reason and spec_ready). `fixed` are keyword arguments bound to run."""
+    where = loads or module
+    return Row(name, kind, _run(where, run, **fixed), _supports(where, *supports), ready=_ready(where, *ready),
+               layouts=layouts, nvrtc=nvrtc, module=module)
 
 
-def _simt(variant: str) -> KernelRow:
-    return KernelRow(f"simt_f16_{variant}", "conv2d", _supports("conv3x3", "spec_unsupported_reason", variant),
-                     _run("conv3x3", variant=variant), _ready("conv3x3", "spec_ready", variant), ("nchw",), True,
-                     "conv3x3")
+def _conv(name: str, module: str, nvrtc: bool = False) -> Row:
+    return _kernel(name, "conv2d", module, nvrtc=nvrtc)
+
+
+def _simt(variant: str) -> Row:
+    return _kernel(f"simt_f16_{variant}", "conv2d", "conv3x3", supports=("spec_unsupported_reason", variant),
+                   ready=("spec_ready", variant), layouts=("nchw",), variant=variant)
 
 
 _NCDHW = ("nchw", "strided")  # the fused heads read NCDHW features and chunk slices of them in place
+_ANY_LAYOUT = ("nchw", "channels_last")
 
-KERNEL_ROWS: list[KernelRow] = [
+KERNEL_ROWS: list[Row] = [
     # conv2d: f16 3x3 convs with the fused epilogue (conv_contract)
     _conv("triton_conv", "conv_tc"),  # Triton pointer kernel: every contract shape, sm_80+
     _conv("triton_conv_tma", "conv_tc_tma"),  # Triton TMA tiles: stride 1, C_in % 16 == 0, sm_90+
@@ -78,21 +90,17 @@ KERNEL_ROWS: list[KernelRow] = [
     _simt("ocb4"),
     _simt("rb"),  # stride 1 only
     # head: clamp(conv3d(window)) on the activated causal window
-    KernelRow("split_bf16", "head", _supports("head"), _run("head", "split_head_conv"), _ready("head"),
-              ("nchw", "channels_last"), True, "head"),
+    _kernel("split_bf16", "head", "head", run="split_head_conv", layouts=_ANY_LAYOUT),
     # head_full: RMS norm + SiLU + window + conv + clamp (+ unpatchify) in one call
     # the Hopper g kernels (head_cuda, head_wgmma) with the glue they share with the Triton one (head_fused)
-    KernelRow("cuda_fused", "head_full", _supports("head_fused", "cuda_spec_unsupported_reason"),
-              _run("head_fused", "run_cuda"), _ready("head_fused", "cuda_row_ready"), _NCDHW, True, "head_cuda"),
-    KernelRow("gluon_fused", "head_full", _supports("head_fused", "gluon_spec_unsupported_reason"),
-              _run("head_fused", "run_gluon"), _ready("head_fused", "gluon_row_ready"), _NCDHW, True, "head_wgmma"),
-    KernelRow("triton_fused", "head_full", _supports("head_fused"), _run("head_fused"), _ready("head_fused"), _NCDHW,
-              True, "head_fused"),
-    KernelRow("triton_norm_split", "head_full", _supports("head_act"), _run("head_act"), _ready("head_act"), _NCDHW,
-              True, "head_act"),
-    KernelRow("split_bf16", "head_full", _supports("head", "head_full_spec_unsupported_reason"),
-              _run("head", "head_full_split"), _ready("head", "head_full_spec_ready"), ("nchw", "channels_last"), True,
-              "head"),
+    _kernel("cuda_fused", "head_full", "head_cuda", loads="head_fused", run="run_cuda",
+            supports=("cuda_spec_unsupported_reason",), ready=("cuda_row_ready",), layouts=_NCDHW),
+    _kernel("gluon_fused", "head_full", "head_wgmma", loads="head_fused", run="run_gluon",
+            supports=("gluon_spec_unsupported_reason",), ready=("gluon_row_ready",), layouts=_NCDHW),
+    _kernel("triton_fused", "head_full", "head_fused", layouts=_NCDHW),
+    _kernel("triton_norm_split", "head_full", "head_act", layouts=_NCDHW),
+    _kernel("split_bf16", "head_full", "head", run="head_full_split", supports=("head_full_spec_unsupported_reason",),
+            ready=("head_full_spec_ready",), layouts=_ANY_LAYOUT),
 ]
 
 DEFAULT_ORDER: tuple[str, ...] = (
@@ -106,14 +114,6 @@ def forced_order(layout: str) -> tuple[str, ...]:
     """DEFAULT_ORDER with the rows that read `layout` natively first (each group keeps its order)."""
     native = {r.name for r in KERNEL_ROWS if layout in r.layouts}
     return tuple(n for n in DEFAULT_ORDER if n in native) + tuple(n for n in DEFAULT_ORDER if n not in native)
-
-
-def row(kind: str, name: str) -> KernelRow:
-    """The row of this kind and name (KeyError naming what exists)."""
-    for r in KERNEL_ROWS:
-        if r.kind == kind and r.name == name:
-            return r
-    raise KeyError(f"no {kind} kernel row named {name!r} (have: {[r.name for r in KERNEL_ROWS if r.kind == kind]})")
 
 
 _importing: threading.Thread | None = None

@@ -1,5 +1,6 @@
 """TMA descriptor helpers (channels_last conv activations, the head's feature frames) and programmatic dependent
-launch (PDL), shared by the Hopper kernels.
+launch (PDL), shared by the Hopper kernels. The CUDA C++ kernels' descriptors (CUtensorMap, encoded through the
+driver) are in tma.py.
 
 PDL: on sm_90+, a kernel launched with PDL may start while the one before it drains. Every conv kernel waits for
 its predecessor's writes (griddepcontrol.wait) before it reads an activation, and may load its weights before that

@@ -18,9 +18,8 @@ import itertools
 import pytest
 import torch
 
-from taesd_fast.dispatch import Spec
+from taesd_fast.dispatch import Spec, table
 from taesd_fast.kernels import conv3x3, conv_contract, conv_halo, conv_launch, conv_narrow, conv_row, conv_tile, conv_up
-from taesd_fast.kernels import rows as kernel_rows
 from taesd_fast.kernels import tma_pdl
 
 CL = torch.channels_last
@@ -134,7 +133,7 @@ def test_each_row_runs_its_own_kernel_within_the_bound(name, x_shape, c_out, ups
     """The row accepts the call, its run is within the bound with poisoned outputs, and afterwards the row is ready
     (compiled and loaded: what a CUDA-graph capture needs). The tensor-core rows record their launches: exactly
     this row's kernel ran."""
-    row = kernel_rows.row("conv2d", name)
+    row = table.row("conv2d", name)
     spec = _spec(x_shape, c_out, upsample, residual, layout)
     why = row.supports(spec)
     if why is not None and torch.cuda.get_device_capability() != (9, 0):

@@ -13,6 +13,7 @@ import torch
 
 from conftest import random_output_head, video_from_channels
 from taesd_fast import OutputHead, backend
+from taesd_fast.dispatch import table
 from taesd_fast.kernels import head_fused as hf
 from taesd_fast.kernels import rows as kernel_rows
 
@@ -155,23 +156,23 @@ def test_cuda_kernel_takes_any_frame_count(t):
 
 
 def test_tma_descriptors_are_reused_only_for_the_same_memory_and_view():
-    """_backend.tensor_map keeps recent descriptors: the same address and view give the kept one, with the bytes a
+    """tma.tensor_map keeps recent descriptors: the same address and view give the kept one, with the bytes a
     fresh encoding gives; another address or box gives another; the number kept is bounded."""
     _needs_sm90()
-    from taesd_fast import _backend
+    from taesd_fast.kernels import tma
 
     x = torch.randn(2, 64, 3, 8, 16, device="cuda").bfloat16()
     args = ([128, 3, 64, 2], [64 * 128, 128, 64 * 3 * 128], [64, 1, 64, 1])
-    first = _backend.tensor_map(x, *args)
-    assert _backend.tensor_map(x, *args) is first
-    assert bytes(first) == bytes(_backend._encode_tensor_map(x, *args, True))
-    assert _backend.tensor_map(x[1:], [128, 3, 64, 1], args[1], args[2]) is not first
-    assert bytes(_backend.tensor_map(x.clone(), *args)) != bytes(first)  # another address
-    assert bytes(_backend.tensor_map(x, *args[:2], [32, 1, 64, 1])) != bytes(first)
-    for i in range(_backend._TENSOR_MAPS_KEPT):  # as many other views: the first is pushed out
-        _backend.tensor_map(x, [128 - i, 3, 64, 2], args[1], [8, 1, 64, 1])
-    assert len(_backend._tensor_maps) == _backend._TENSOR_MAPS_KEPT
-    again = _backend.tensor_map(x, *args)
+    first = tma.tensor_map(x, *args)
+    assert tma.tensor_map(x, *args) is first
+    assert bytes(first) == bytes(tma._encode_tensor_map(x, *args, True))
+    assert tma.tensor_map(x[1:], [128, 3, 64, 1], args[1], args[2]) is not first
+    assert bytes(tma.tensor_map(x.clone(), *args)) != bytes(first)  # another address
+    assert bytes(tma.tensor_map(x, *args[:2], [32, 1, 64, 1])) != bytes(first)
+    for i in range(tma._TENSOR_MAPS_KEPT):  # as many other views: the first is pushed out
+        tma.tensor_map(x, [128 - i, 3, 64, 2], args[1], [8, 1, 64, 1])
+    assert len(tma._tensor_maps) == tma._TENSOR_MAPS_KEPT
+    again = tma.tensor_map(x, *args)
     assert again is not first and bytes(again) == bytes(first)
 
 
@@ -345,7 +346,7 @@ def test_each_head_full_row(name, with_cache, patch):
 
     if _backend.kernels_unavailable_reason() is not None:
         pytest.skip(f"the stencil kernel is unavailable: {_backend.kernels_unavailable_reason()}")
-    row = kernel_rows.row("head_full", name)
+    row = table.row("head_full", name)
     head = _head(seed=21)
     features, cache = _inputs(1, 256, 3, 24, 40, seed=21, with_cache=with_cache)
     spec = dispatch.Spec("head_full", "cuda:0", tuple(features.shape), (12, 256, 3, 3, 3), torch.bfloat16, 1, True,
@@ -372,7 +373,7 @@ def test_split_head_row():
 
     if _backend.kernels_unavailable_reason() is not None:
         pytest.skip(f"the stencil kernel is unavailable: {_backend.kernels_unavailable_reason()}")
-    row = kernel_rows.row("head", "split_bf16")
+    row = table.row("head", "split_bf16")
     head = _head(seed=22)
     _, weight, bias = _params(head)
     gen = torch.Generator(device="cuda").manual_seed(22)
