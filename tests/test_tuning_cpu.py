@@ -206,6 +206,23 @@ def test_a_row_that_failed_in_tuning_is_not_tuned_again_by_the_next_process(fake
     assert rec.choice == "torch" and "OutOfMemoryError" in rec.skipped["fake"]
 
 
+def test_a_call_no_kernel_row_supports_is_recorded_so_the_next_process_does_not_ask(fake_kernel):
+    """The cheap check before sending a call (device, kill switch) cannot see a row's rule: a 1x1 conv goes to the
+    tuning process, which finds no eligible kernel row and records why, so the next process decides at once."""
+    g = torch.Generator().manual_seed(9)
+    x, w, b = torch.randn(1, 4, 6, 6, generator=g), torch.randn(5, 4, 1, 1, generator=g), torch.randn(5, generator=g)
+    with torch.no_grad():
+        dispatch.conv2d(x, w, b)
+    assert dispatch.wait_for_tuning(timeout=60)
+    ((key, entry),) = store.read_json(store.timings_path()).items()
+    assert entry == {"ms": {}, "failed": {"fake": "1x1 kernel (3x3 only)"}}
+    dispatch.clear_cache()  # as a new process: only the file is left
+    with torch.no_grad():
+        y = dispatch.conv2d(x, w, b)
+    assert dispatch.tuning_status().processes == [] and dispatch.tuning_status().pending == 0
+    assert torch.equal(y, F.conv2d(x, w, b))
+
+
 def test_off_mode_never_times_but_uses_stored_timings(fake_kernel):
     x, w, b = _data(3)
     with dispatch.tuning("off"), torch.no_grad():

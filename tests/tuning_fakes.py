@@ -48,7 +48,13 @@ def rows():
     from taesd_fast.dispatch import table
 
     return [table.row("conv2d", "torch"),
-            table.Row("fake", "conv2d", fake_conv, devices=("cpu",), nvrtc=False, layouts=("nchw",))]
+            table.Row("fake", "conv2d", fake_conv, supports=three_by_three, devices=("cpu",), nvrtc=False,
+                      layouts=("nchw",))]
+
+
+def three_by_three(spec) -> str | None:
+    """The fake row's rule: 3x3 convs only."""
+    return None if spec.w_shape[2:] == (3, 3) else f"{spec.w_shape[2]}x{spec.w_shape[3]} kernel (3x3 only)"
 
 
 def install() -> None:

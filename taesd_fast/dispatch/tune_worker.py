@@ -127,9 +127,11 @@ def tune(job: dict) -> dict:
     torch.backends.cudnn.benchmark = bool(job.get("cudnn_benchmark", torch.backends.cudnn.benchmark))
     spec, meta, graph = spec_from_json(job["spec"]), meta_from_json(job["meta"]), bool(job["graph"])
     rows, skipped = decide.eligible(spec, "auto")
-    if not any(r.kernel for r in rows):
-        return {"ms": {}, "failed": {}}
     tkey = spec.key(decide.device_name(spec.device), graph)
+    path = Path(job["path"]) if job.get("path") else None
+    if not any(r.kernel for r in rows):  # recorded, so that the next process decides PyTorch without asking
+        store.put(tkey, {}, skipped, path)
+        return {"ms": {}, "failed": {}}
     entry = store.get(tkey)
     if not decide.needs_timing(rows, entry):  # another process timed it meanwhile
         return {"ms": entry["ms"], "failed": {}}
@@ -149,7 +151,7 @@ def tune(job: dict) -> dict:
                 ms, failed = measure.time_candidates(rows, spec, meta, graph, threads=threads)
         finally:
             torch.cuda.empty_cache()
-    store.put(tkey, ms, failed, Path(job["path"]) if job.get("path") else None)
+    store.put(tkey, ms, failed, path)
     best = min(ms, key=ms.get) if ms else "-"
     print(f"{time.strftime('%H:%M:%S')} job {job['id']}: {spec.kind} x{spec.x_shape} w{spec.w_shape} "
           f"graph={int(graph)}: {len(rows)} rows, {threads} threads, {time.perf_counter() - t0:.1f} s, fastest "
