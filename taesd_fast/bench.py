@@ -54,7 +54,7 @@ def _auto_choice(x, w, b, stride, relu) -> str:
 def bench_conv(shapes=CONV_SHAPES) -> list[dict]:
     """One 3x3 conv (f16, pad 1) per shape: each custom kernel vs cuDNN NCHW and channels_last."""
     from ._backend import kernels_unavailable_reason
-    from .kernels import conv3x3
+    from .kernels import simt_conv
 
     torch.backends.cudnn.benchmark = True
     op = torch.ops.taesd_fast.conv3x3_f16
@@ -77,8 +77,8 @@ def bench_conv(shapes=CONV_SHAPES) -> list[dict]:
 
         impls = {"cudnn_nchw": cudnn, "cudnn_channels_last": lambda: cudnn(x_cl, w_cl)}
         if kernels_ok:
-            for v in conv3x3.VARIANTS:
-                if conv3x3.unsupported_reason(x.shape, w.shape, x.dtype, stride, v) is None:
+            for v in simt_conv.VARIANTS:
+                if simt_conv.unsupported_reason(x.shape, w.shape, x.dtype, stride, v) is None:
                     impls[f"f16_{v}"] = lambda v=v: op(x, w, b, None, stride, relu, v)
         base = None
         for name, fn in impls.items():

@@ -59,12 +59,12 @@ def _full_head_rows(rows, feat, cache, gamma, w, b) -> None:
                          f"g kernel: {head_fused._variant('auto', feat, cache)}; input read once: 692 MB = 0.163 ms"))
             rows.append(("(i) fused head with the Triton g kernel (roll), graph",
                          time_ms_graphed(fused({"variant": "roll"})), ""))
-            from .kernels import head_act
+            from .kernels import triton_norm_split
 
             rows.append(("(i) Triton norm+SiLU window, then split conv, graph",
-                         time_ms_graphed(lambda: head_act.head_full_norm_split(feat, cache, gamma, w, b, eps)), ""))
+                         time_ms_graphed(lambda: triton_norm_split.head_full_norm_split(feat, cache, gamma, w, b, eps)), ""))
             rows.append(("(i) part: Triton norm+SiLU window alone, graph",
-                         time_ms_graphed(lambda: head_act.activated_window(feat, cache, gamma, eps)),
+                         time_ms_graphed(lambda: triton_norm_split.activated_window(feat, cache, gamma, eps)),
                          "461 MB in + 461 MB out + 231 MB cache copied"))
 
 

@@ -372,9 +372,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if reason is None and device.type != "cuda":
         reason = f"they run on CUDA devices, and the device is {device}"
     print(f"kernels: {'available' if reason is None else 'unavailable (' + reason + ')'}")
-    from .kernels import conv_tc
+    from .kernels import triton_conv
 
-    t_reason = conv_tc.triton_unavailable_reason(device)
+    t_reason = triton_conv.triton_unavailable_reason(device)
     print(f"Triton kernels (tensor-core conv, head norm): {'available' if t_reason is None else 'unavailable (' + t_reason + ')'}")
     if args.model:
         model = load_model(args, encoder=False)

@@ -1,5 +1,5 @@
-"""CPU checks of the Triton tensor-core convs (rows "triton_conv", kernels/conv_tc.py, and "triton_conv_tma",
-kernels/conv_tc_tma.py) and the taesd_fast::conv3x3_tc op: argument checks, the PyTorch twin, the upsample-fold
+"""CPU checks of the Triton tensor-core convs (rows "triton_conv", kernels/triton_conv.py, and "triton_conv_tma",
+kernels/triton_conv_tma.py) and the taesd_fast::conv3x3_tc op: argument checks, the PyTorch twin, the upsample-fold
 maths, weight packing and its cache, the Gluon kernels' launch-shape searches, and the two Triton kernels themselves
 run by Triton's interpreter.
 
@@ -26,8 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taesd_fast.kernels import conv_contract, conv_launch, conv_op, conv_pack, conv_schedule, conv_tc_tma, conv_tile
-from taesd_fast.kernels import conv_tc as tc
+from taesd_fast.kernels import conv_contract, conv_launch, conv_op, conv_pack, conv_schedule, triton_conv_tma, gluon_conv_tile
+from taesd_fast.kernels import triton_conv as tc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
@@ -170,47 +170,47 @@ def test_default_config_is_deterministic():
 
 
 def test_upsample_latency_kernel_rows_fill_one_wave():
-    """conv_up: the fewest low-res rows per program that keep the grid to one wave (2 row parities x strips of 64
+    """gluon_conv_up: the fewest low-res rows per program that keep the grid to one wave (2 row parities x strips of 64
     columns x row tiles); None where even 4 rows need a second wave (the launcher then takes the TMA kernel)."""
-    from taesd_fast.kernels import conv_up
+    from taesd_fast.kernels import gluon_conv_up
 
-    assert conv_up.rows_per_program(1, 32, 32, 132) == 1  # 64^2 output: 64 programs
-    assert conv_up.rows_per_program(1, 64, 64, 132) == 1  # 128^2: 128 programs
-    assert conv_up.rows_per_program(1, 128, 128, 132) == 4  # 256^2: 128 programs
-    assert conv_up.rows_per_program(1, 100, 64, 132) == 2
-    assert conv_up.rows_per_program(1, 256, 256, 132) is None  # 512^2
-    assert conv_up.rows_per_program(16, 32, 32, 132) is None
+    assert gluon_conv_up.rows_per_program(1, 32, 32, 132) == 1  # 64^2 output: 64 programs
+    assert gluon_conv_up.rows_per_program(1, 64, 64, 132) == 1  # 128^2: 128 programs
+    assert gluon_conv_up.rows_per_program(1, 128, 128, 132) == 4  # 256^2: 128 programs
+    assert gluon_conv_up.rows_per_program(1, 100, 64, 132) == 2
+    assert gluon_conv_up.rows_per_program(1, 256, 256, 132) is None  # 512^2
+    assert gluon_conv_up.rows_per_program(16, 32, 32, 132) is None
 
 
 def test_narrow_latency_kernel_rows_fill_one_wave():
-    """conv_narrow: whole rows (W <= 256) per program, the fewest rows that keep the grid to one wave (one program
+    """gluon_conv_narrow: whole rows (W <= 256) per program, the fewest rows that keep the grid to one wave (one program
     per SM) within the shared-memory budget; None where that cannot be had."""
-    from taesd_fast.kernels import conv_narrow
+    from taesd_fast.kernels import gluon_conv_narrow
 
-    assert conv_narrow.rows_per_program(1, 256, 256, 3, 132) == 2  # the decoder's last conv at 256^2: 128 programs
-    assert conv_narrow.rows_per_program(1, 128, 128, 3, 132) == 1
-    assert conv_narrow.rows_per_program(1, 300, 64, 3, 132) == 4
-    assert conv_narrow.rows_per_program(1, 600, 64, 3, 132) is None  # 150 programs of 4 rows
-    assert conv_narrow.rows_per_program(1, 300, 256, 7, 132) == 4  # 6 rows of 32 KB (+ weights, scratch) fit
-    assert conv_narrow.rows_per_program(16, 256, 256, 3, 132) is None
-    assert conv_narrow.rows_per_program(1, 256, 256, 3, 60) is None  # even 4-row programs (64) exceed 60 SMs
-    assert [conv_narrow.row_width(w) for w in (1, 40, 64, 65, 200, 256)] == [64, 64, 64, 128, 256, 256]
-    assert [conv_narrow.n_pad(c) for c in (1, 3, 5, 6, 7)] == [16, 16, 16, 32, 32]
+    assert gluon_conv_narrow.rows_per_program(1, 256, 256, 3, 132) == 2  # the decoder's last conv at 256^2: 128 programs
+    assert gluon_conv_narrow.rows_per_program(1, 128, 128, 3, 132) == 1
+    assert gluon_conv_narrow.rows_per_program(1, 300, 64, 3, 132) == 4
+    assert gluon_conv_narrow.rows_per_program(1, 600, 64, 3, 132) is None  # 150 programs of 4 rows
+    assert gluon_conv_narrow.rows_per_program(1, 300, 256, 7, 132) == 4  # 6 rows of 32 KB (+ weights, scratch) fit
+    assert gluon_conv_narrow.rows_per_program(16, 256, 256, 3, 132) is None
+    assert gluon_conv_narrow.rows_per_program(1, 256, 256, 3, 60) is None  # even 4-row programs (64) exceed 60 SMs
+    assert [gluon_conv_narrow.row_width(w) for w in (1, 40, 64, 65, 200, 256)] == [64, 64, 64, 128, 256, 256]
+    assert [gluon_conv_narrow.n_pad(c) for c in (1, 3, 5, 6, 7)] == [16, 16, 16, 32, 32]
 
 
 @pytest.mark.parametrize("c_out", [1, 3, 7])
 def test_narrow_kernel_maths_is_the_conv(c_out):
-    """conv_narrow's formulation, in float64 on the packed weight: per output row, the three dy taps as [W, 64] @
+    """gluon_conv_narrow's formulation, in float64 on the packed weight: per output row, the three dy taps as [W, 64] @
     [64, N] products (column dx * c_out + o), then column n read from pixel x + dx - 1 (zero outside the row).
     Must equal the 3x3 conv of the same f16-rounded weight to float64 rounding."""
-    from taesd_fast.kernels import conv_narrow
+    from taesd_fast.kernels import gluon_conv_narrow
 
     gen = torch.Generator().manual_seed(c_out)
     B, H, W = 2, 5, 9
     x = torch.randn(B, 64, H, W, generator=gen, dtype=torch.float64)
     w = torch.randn(c_out, 64, 3, 3, generator=gen).half()
-    wn = conv_narrow.pack(w).double()  # [3 * 64, n_pad]
-    assert wn.shape == (192, conv_narrow.n_pad(c_out))
+    wn = gluon_conv_narrow.pack(w).double()  # [3 * 64, n_pad]
+    assert wn.shape == (192, gluon_conv_narrow.n_pad(c_out))
     rows = F.pad(x, (0, 0, 1, 1)).permute(0, 2, 3, 1)  # [B, H + 2, W, 64]: the zero rows above and below
     p = sum(rows[:, dy:dy + H] @ wn[64 * dy:64 * (dy + 1)] for dy in range(3))  # [B, H, W, n_pad]
     p = F.pad(p, (0, 0, 1, 1))  # pixel -1 and W read zero
@@ -222,9 +222,9 @@ def test_narrow_kernel_maths_is_the_conv(c_out):
 def test_latency_kernel_tiles_fill_one_wave():
     """Half the channels per program while the programs fill at most half the SMs, two rows where one-row tiles
     would need a second wave."""
-    assert conv_tile.tile_shape(1, 32, 32, 132) == (1, 32)  # 32 one-row tiles: 64 programs
-    assert conv_tile.tile_shape(1, 64, 64, 132) == (1, 64)
-    assert conv_tile.tile_shape(1, 128, 128, 132) == (2, 64)  # 256 one-row tiles: 128 two-row ones
+    assert gluon_conv_tile.tile_shape(1, 32, 32, 132) == (1, 32)  # 32 one-row tiles: 64 programs
+    assert gluon_conv_tile.tile_shape(1, 64, 64, 132) == (1, 64)
+    assert gluon_conv_tile.tile_shape(1, 128, 128, 132) == (2, 64)  # 256 one-row tiles: 128 two-row ones
 
 
 @pytest.mark.parametrize("B,H,strips", [(64, 256, 2), (64, 128, 1), (1, 1024, 8), (1, 512, 4), (16, 128, 1),
@@ -241,14 +241,14 @@ def test_row_streaming_programs_fill_the_gpu(B, H, strips):
 def test_tma_variant_says_where_it_does_not_apply():
     """The TMA kernel's own limits (beyond the conv contract); each reason names the limit."""
     cpu = torch.device("cpu")
-    assert conv_tc_tma.unsupported_reason(64, 1, False, 64, 16, 128, cpu) is None
-    assert "stride 2" in conv_tc_tma.unsupported_reason(64, 2, False, 64, 16, 128, cpu)
-    assert "pre_clamp" in conv_tc_tma.unsupported_reason(64, 1, True, 64, 16, 128, cpu)
-    assert "multiple of block_k" in conv_tc_tma.unsupported_reason(48, 1, False, 64, 16, 128, cpu)
-    assert "tile_w" in conv_tc_tma.unsupported_reason(64, 1, False, 64, 12, 128, cpu)
+    assert triton_conv_tma.unsupported_reason(64, 1, False, 64, 16, 128, cpu) is None
+    assert "stride 2" in triton_conv_tma.unsupported_reason(64, 2, False, 64, 16, 128, cpu)
+    assert "pre_clamp" in triton_conv_tma.unsupported_reason(64, 1, True, 64, 16, 128, cpu)
+    assert "multiple of block_k" in triton_conv_tma.unsupported_reason(48, 1, False, 64, 16, 128, cpu)
+    assert "tile_w" in triton_conv_tma.unsupported_reason(64, 1, False, 64, 12, 128, cpu)
     x, w, b, r = _make(1, 48, 64, 5, 6, residual=False)
     with pytest.raises(ValueError, match="multiple of block_k"):  # the launch refuses what the rule refuses
-        conv_tc_tma.conv3x3_tma_launch(x, w, b, None, 1, True)
+        triton_conv_tma.conv3x3_tma_launch(x, w, b, None, 1, True)
 
 
 def test_tma_operands_are_copied_to_an_aligned_base():
@@ -270,8 +270,8 @@ def test_row_helpers_on_cpu():
 
     spec = Spec("conv2d", "cpu", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True, "channels_last")
     assert tc.spec_unsupported_reason(spec) == "CPU tensor"
-    assert conv_tc_tma.spec_unsupported_reason(spec) == "CPU tensor"
-    assert not tc.spec_ready(spec) and not conv_tc_tma.spec_ready(spec)
+    assert triton_conv_tma.spec_unsupported_reason(spec) == "CPU tensor"
+    assert not tc.spec_ready(spec) and not triton_conv_tma.spec_ready(spec)
     x, w, b, r = _make(1, 16, 8, 5, 6, seed=2)
     torch.testing.assert_close(tc.run(x, w, b, 1, r, True), conv_op.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
 
@@ -286,7 +286,7 @@ def test_opcheck_cpu():
 def test_rows_trace_through_the_op_under_torch_compile():
     """While torch.compile traces, a row's run is the conv3x3_tc op naming that row (a graph node, not a launch);
     on CPU the compiled graph then runs the op's twin. fullgraph: no break around the kernels."""
-    from taesd_fast.kernels import conv_halo
+    from taesd_fast.kernels import gluon_conv_rows
 
     x, w, b, r = _make(1, 64, 64, 5, 6, seed=4)
     seen = []
@@ -296,7 +296,7 @@ def test_rows_trace_through_the_op_under_torch_compile():
         seen.extend(n.args[-1] for n in gm.graph.nodes if n.target in (real, torch.ops.taesd_fast.conv3x3_tc))
         return gm
 
-    for row in (tc, conv_tc_tma, conv_halo):
+    for row in (tc, triton_conv_tma, gluon_conv_rows):
         torch._dynamo.reset()
         fn = torch.compile(lambda x, r, row=row: row.run(x, w, b, 1, r, True), backend=backend, fullgraph=True)
         torch.testing.assert_close(fn(x, r), conv_op.conv3x3_tc_ref(x, w, b, r, 1, True), rtol=0, atol=0)
@@ -306,8 +306,8 @@ def test_rows_trace_through_the_op_under_torch_compile():
 def test_op_names_only_conv_rows():
     """The op's variant names a conv2d kernel row; anything else is a clear error, not another kernel."""
     assert conv_op.launcher("triton_conv") is tc.launch_conv  # each module registers its launch as it loads
-    assert conv_op.launcher("triton_conv_tma") is conv_tc_tma.launch_conv
-    assert conv_op.launcher("gluon_conv_tile") is conv_tile.launch_conv
+    assert conv_op.launcher("triton_conv_tma") is triton_conv_tma.launch_conv
+    assert conv_op.launcher("gluon_conv_tile") is gluon_conv_tile.launch_conv
     for bad in ("tc", "simt_f16_tile", "split_bf16"):
         with pytest.raises(ValueError, match="is not a loaded tensor-core conv row"):
             conv_op.launcher(bad)
@@ -316,7 +316,7 @@ def test_op_names_only_conv_rows():
 # --------------------------------------------------------------------------- the kernel, under the interpreter
 
 # (B, C_in, C_out, H, W, stride, upsample, bias, residual, relu, pre_clamp, config or None, layout). Names starting
-# with "tma" run the TMA kernel (conv_tc_tma; config = TMAConfig fields), the others the pointer kernel (conv_tc;
+# with "tma" run the TMA kernel (triton_conv_tma; config = TMAConfig fields), the others the pointer kernel (triton_conv;
 # config = TCConfig fields). Without a config the case goes through the row's run (on CPU: the conv3x3_tc op naming
 # the row's variant).
 CASES = {
@@ -360,9 +360,9 @@ def _run_case(name: str) -> dict:
     tma = name.startswith("tma")
     before = set(conv_launch._launched)
     if cfg is None:
-        y = (conv_tc_tma if tma else tc).run(x, w, b, stride, r, relu, up, pre_clamp)
+        y = (triton_conv_tma if tma else tc).run(x, w, b, stride, r, relu, up, pre_clamp)
     elif tma:
-        y = conv_tc_tma.conv3x3_tma_launch(*args, config=conv_tc_tma.TMAConfig(*cfg))
+        y = triton_conv_tma.conv3x3_tma_launch(*args, config=triton_conv_tma.TMAConfig(*cfg))
     else:
         y = tc.conv3x3_tc_launch(*args, config=tc.TCConfig(*cfg))
     ran = sorted({k[0] for k in set(conv_launch._launched) - before})
@@ -373,7 +373,7 @@ def _run_case(name: str) -> dict:
     if layout == "nchw":  # converted on the way in: the same bits as the channels_last input
         cl_args = (x.contiguous(memory_format=CL), w, b, None if r is None else r.contiguous(memory_format=CL),
                    *args[4:])
-        row = conv_tc_tma if tma else tc
+        row = triton_conv_tma if tma else tc
         out["same_as_cl"] = bool(torch.equal(row.run(cl_args[0], w, b, stride, cl_args[3], relu, up, pre_clamp), y))
     return out
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast import dispatch
-from taesd_fast.kernels import conv3x3
+from taesd_fast.kernels import simt_conv
 
 
 pytestmark = pytest.mark.usefixtures("isolated_dispatch")
@@ -121,7 +121,7 @@ def test_op_validation_messages():
            False, "tile")
 
 
-@pytest.mark.parametrize("variant", conv3x3.VARIANTS)
+@pytest.mark.parametrize("variant", simt_conv.VARIANTS)
 def test_op_cpu_twin_and_opcheck(variant):
     stride = 1 if variant == "rb" else 2
     x = torch.randn(2, 3, 11, 9, dtype=torch.float16)
@@ -130,7 +130,7 @@ def test_op_cpu_twin_and_opcheck(variant):
     res = torch.randn(2, 5, (11 - 1) // stride + 1, (9 - 1) // stride + 1, dtype=torch.float16)
     args = (x, w, b, res, stride, True, variant)
     y = torch.ops.taesd_fast.conv3x3_f16(*args)
-    torch.testing.assert_close(y, conv3x3.conv3x3_f16_ref(*args))
+    torch.testing.assert_close(y, simt_conv.conv3x3_f16_ref(*args))
     torch.library.opcheck(torch.ops.taesd_fast.conv3x3_f16.default, args)
 
 
@@ -186,7 +186,7 @@ def test_import_touches_no_cuda():
         "def boom(*a, **k): raise RuntimeError('CUDA touched at import')\n"
         "torch.cuda.current_device = boom; torch.cuda.init = boom; torch.cuda._lazy_init = boom\n"
         "torch.cuda.get_device_properties = boom; torch.cuda.is_available = boom\n"
-        "import taesd_fast, taesd_fast.dispatch, taesd_fast.kernels.conv3x3, taesd_fast._backend\n"
+        "import taesd_fast, taesd_fast.dispatch, taesd_fast.kernels.simt_conv, taesd_fast._backend\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -41,19 +41,19 @@ def head_full(x_shape, c_out=12, cache=True, dtype=BF16, patch=0, device="cuda:0
 @pytest.fixture
 def h200(monkeypatch):
     """Pretend the spec's device is an H200: sm_90, 132 SMs, Triton and NVRTC usable."""
-    from taesd_fast.kernels import (conv_launch, conv_narrow, conv_row, conv_tc, conv_tc_tma, conv_up, head_cuda,
+    from taesd_fast.kernels import (conv_launch, gluon_conv_narrow, cuda_conv_rows, triton_conv, triton_conv_tma, gluon_conv_up, head_cuda,
                                     head_wgmma)
 
     monkeypatch.setattr(conv_launch, "is_sm90", lambda device: True)
     monkeypatch.setattr(head_wgmma, "is_sm90", lambda device: True)
-    monkeypatch.setattr(conv_tc_tma, "capability", lambda device: (9, 0))
+    monkeypatch.setattr(triton_conv_tma, "capability", lambda device: (9, 0))
     monkeypatch.setattr(head_cuda, "capability", lambda device: (9, 0))
-    for m in (conv_up, conv_narrow):
+    for m in (gluon_conv_up, gluon_conv_narrow):
         monkeypatch.setattr(m, "sm_count", lambda device: 132)
-    for m in (conv_tc, conv_tc_tma):
+    for m in (triton_conv, triton_conv_tma):
         monkeypatch.setattr(m, "triton_unavailable_reason", lambda device: None)
     monkeypatch.setattr(head_cuda, "_failure", [])
-    monkeypatch.setattr(conv_row, "_failure", [])
+    monkeypatch.setattr(cuda_conv_rows, "_failure", [])
 
 
 def why(name: str, spec: Spec) -> str | None:
@@ -116,7 +116,7 @@ def test_triton_conv_takes_every_contract_shape(h200):
 
 
 def test_triton_conv_tma_takes_stride_1_without_clamp_on_hopper(h200, monkeypatch):
-    from taesd_fast.kernels import conv_tc_tma
+    from taesd_fast.kernels import triton_conv_tma
 
     for spec in (conv((64, 64, 256, 256)), conv((1, 64, 16, 16), upsample=2), conv((1, 32, 9, 9), 64),
                  conv((1, 128, 8, 8), 160, residual=True), conv((1, 64, 8, 8), 3)):
@@ -125,7 +125,7 @@ def test_triton_conv_tma_takes_stride_1_without_clamp_on_hopper(h200, monkeypatc
     assert "pre_clamp" in why("triton_conv_tma", conv((1, 64, 8, 8), pre_clamp=True))
     assert "C_in=3 must be >= 16" in why("triton_conv_tma", conv((1, 3, 8, 8), 64))
     assert "multiple of block_k" in why("triton_conv_tma", conv((1, 48, 8, 8), 64))  # chunks of 64 channels
-    monkeypatch.setattr(conv_tc_tma, "capability", lambda device: (8, 0))
+    monkeypatch.setattr(triton_conv_tma, "capability", lambda device: (8, 0))
     assert "Hopper" in why("triton_conv_tma", conv((1, 64, 8, 8)))
 
 
@@ -175,7 +175,7 @@ def test_gluon_conv_narrow_takes_up_to_7_outputs_of_whole_rows(h200):
 
 
 def test_cuda_conv_rows_takes_64_to_64_wider_than_64(h200):
-    from taesd_fast.kernels import conv_row
+    from taesd_fast.kernels import cuda_conv_rows
 
     for spec in (conv((1, 64, 256, 256), residual=True), conv((1, 64, 128, 128)), conv((64, 64, 256, 256))):
         assert why("cuda_conv_rows", spec) is None, spec
@@ -183,7 +183,7 @@ def test_cuda_conv_rows_takes_64_to_64_wider_than_64(h200):
     assert "64->3" in why("cuda_conv_rows", conv((1, 64, 128, 128), 3))
     assert "plain stride-1" in why("cuda_conv_rows", conv((1, 64, 128, 128), stride=2))
     with pytest.warns(RuntimeWarning, match="CUDA row conv kernel is unavailable .*NVRTC could not compile"):
-        conv_row.give_up(RuntimeError("NVRTC could not compile conv_row_sm90.cu for sm_90a"))
+        cuda_conv_rows.give_up(RuntimeError("NVRTC could not compile conv_row_sm90.cu for sm_90a"))
     assert "NVRTC could not compile" in why("cuda_conv_rows", conv((1, 64, 256, 256)))
 
 
@@ -205,11 +205,11 @@ def test_simt_rows_take_nchw_f16_up_to_64_channels(variant):
 
 @needs_gluon
 @pytest.mark.parametrize("module,args,limit", [
-    ("conv_halo", ((1, 32, 64, 64), 64, 1, 1), "32->64"),
-    ("conv_tile", ((1, 64, 32, 32), 3, 1, 1), "64->3"),
-    ("conv_up", ((1, 64, 16, 16), 64, 1, 1), "plain upsample fold"),
-    ("conv_narrow", ((1, 64, 8, 300), 3, 1, 1), "W=300"),
-    ("conv_row", ((1, 64, 64, 64), 64, 1, 1), "W=64"),
+    ("gluon_conv_rows", ((1, 32, 64, 64), 64, 1, 1), "32->64"),
+    ("gluon_conv_tile", ((1, 64, 32, 32), 3, 1, 1), "64->3"),
+    ("gluon_conv_up", ((1, 64, 16, 16), 64, 1, 1), "plain upsample fold"),
+    ("gluon_conv_narrow", ((1, 64, 8, 300), 3, 1, 1), "W=300"),
+    ("cuda_conv_rows", ((1, 64, 64, 64), 64, 1, 1), "W=64"),
 ])
 def test_launch_refuses_what_the_rule_refuses(module, args, limit):
     import importlib

@@ -131,8 +131,8 @@ def test_tool_reads_only_names_that_exist(path):
 def test_the_name_check_catches_a_removed_name(tmp_path):
     """The checker itself: names removed in the kernel redesign (and a setter of one) are reported."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from taesd_fast.kernels import conv_tc as tc, conv_halo\nimport taesd_fast.timing\n"
-                     "tc.POISON_OUTPUT = True\nx = conv_halo._rows_per_program\n"
+    probe.write_text("from taesd_fast.kernels import triton_conv as tc, gluon_conv_rows\nimport taesd_fast.timing\n"
+                     "tc.POISON_OUTPUT = True\nx = gluon_conv_rows._rows_per_program\n"
                      "tc.conv3x3_tc_launch(1, 2, 3, 4, 5, 6, config=None, out=None)\n"
                      "tc.TCConfig(64, tile_w=16)\ntaesd_fast.timing.no_such_function()\n")
     problems = "\n".join(stale_names(probe))

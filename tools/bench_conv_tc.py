@@ -10,8 +10,8 @@ For each shape, side by side:
     on cuDNN's conv could reach;
   * every conv2d kernel row through its own `run`, on inputs in the layout it reads natively; a row whose support
     rule refuses the shape is listed with its reason;
-  * unless --quick, a sweep of the launch configs the two Triton rows still take (conv_tc.TCConfig through
-    conv3x3_tc_launch, conv_tc_tma.TMAConfig through conv3x3_tma_launch), the row's default first; configs past
+  * unless --quick, a sweep of the launch configs the two Triton rows still take (triton_conv.TCConfig through
+    conv3x3_tc_launch, triton_conv_tma.TMAConfig through conv3x3_tma_launch), the row's default first; configs past
     --budget-s seconds are listed as skipped. The Gluon and CUDA C++ rows have no configs (their launch shapes
     follow from the problem).
 Before it is timed, each kernel runs once with NaN-poisoned outputs and its relative error against the float64 maths
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from kernel_checks import poisoned, rel_err, verdict
 
 from taesd_fast.dispatch import Spec, torch_ops
-from taesd_fast.kernels import conv_contract, conv_tc, conv_tc_tma
+from taesd_fast.kernels import conv_contract, triton_conv, triton_conv_tma
 from taesd_fast.kernels import rows as kernel_rows
 from taesd_fast.timing import graphed, time_ms
 
@@ -69,13 +69,13 @@ SHAPES = [
 ]
 
 # The configs the Triton rows take (row default first, then these where they differ and the kernel accepts them).
-TC_SWEEP = [conv_tc.TCConfig(64, 4, 3), conv_tc.TCConfig(128, 4, 3), conv_tc.TCConfig(128, 8, 3),
-            conv_tc.TCConfig(256, 8, 3), conv_tc.TCConfig(128, 4, 2), conv_tc.TCConfig(128, 4, 3, cache_a=True),
-            conv_tc.TCConfig(64, 4, 2), conv_tc.TCConfig(32, 4, 3)]
-TMA_SWEEP = [conv_tc_tma.TMAConfig(128, 4, 3, 16), conv_tc_tma.TMAConfig(128, 4, 3, 32),
-             conv_tc_tma.TMAConfig(128, 4, 4, 16), conv_tc_tma.TMAConfig(256, 8, 3, 16),
-             conv_tc_tma.TMAConfig(128, 8, 3, 16), conv_tc_tma.TMAConfig(64, 4, 3, 8),
-             conv_tc_tma.TMAConfig(128, 4, 3, 16, persistent=1), conv_tc_tma.TMAConfig(128, 4, 3, 16, persistent=2)]
+TC_SWEEP = [triton_conv.TCConfig(64, 4, 3), triton_conv.TCConfig(128, 4, 3), triton_conv.TCConfig(128, 8, 3),
+            triton_conv.TCConfig(256, 8, 3), triton_conv.TCConfig(128, 4, 2), triton_conv.TCConfig(128, 4, 3, cache_a=True),
+            triton_conv.TCConfig(64, 4, 2), triton_conv.TCConfig(32, 4, 3)]
+TMA_SWEEP = [triton_conv_tma.TMAConfig(128, 4, 3, 16), triton_conv_tma.TMAConfig(128, 4, 3, 32),
+             triton_conv_tma.TMAConfig(128, 4, 4, 16), triton_conv_tma.TMAConfig(256, 8, 3, 16),
+             triton_conv_tma.TMAConfig(128, 8, 3, 16), triton_conv_tma.TMAConfig(64, 4, 3, 8),
+             triton_conv_tma.TMAConfig(128, 4, 3, 16, persistent=1), triton_conv_tma.TMAConfig(128, 4, 3, 16, persistent=2)]
 
 
 def gpu_ms(fn) -> float:
@@ -89,12 +89,12 @@ def sweeps(row_name: str, args: tuple) -> list:
     if row_name == "triton_conv":
         B, c_in, H, W = x.shape
         _, _, Ho, Wo = conv_contract.output_shape(x.shape, w.shape, stride, up)
-        default = conv_tc.default_config(c_in, w.shape[0], stride, up, B * (H * W if up == 2 else Ho * Wo))
-        launch = conv_tc.conv3x3_tc_launch
+        default = triton_conv.default_config(c_in, w.shape[0], stride, up, B * (H * W if up == 2 else Ho * Wo))
+        launch = triton_conv.conv3x3_tc_launch
         configs = [default] + [c for c in TC_SWEEP if c != default]
     elif row_name == "triton_conv_tma":
-        default = conv_tc_tma.default_config(w.shape[0])
-        launch = conv_tc_tma.conv3x3_tma_launch
+        default = triton_conv_tma.default_config(w.shape[0])
+        launch = triton_conv_tma.conv3x3_tma_launch
         configs = [default] + [c for c in TMA_SWEEP if c != default]
     else:
         return []
@@ -124,7 +124,7 @@ def bench_shape(spec, budget_end: float, quick: bool) -> list[dict]:
     nchw = lambda t: None if t is None else t.contiguous()
     cl_args = (x, w, b, stride, r, relu, up, pre_clamp)  # the dispatcher's conv2d signature
     nchw_args = (nchw(x), w, b, stride, nchw(r), relu, up, pre_clamp)
-    flop = conv_tc.flops(x.shape, w.shape, stride, up)
+    flop = triton_conv.flops(x.shape, w.shape, stride, up)
     n_out = torch.Size(oshape).numel()
     floor = 2 * (x.numel() + n_out * (2 if res else 1)) / (HBM_TBS * 1e12) * 1e3  # f16 x, y and residual
 
@@ -206,8 +206,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="every row at its default, no config sweeps")
     ap.add_argument("--shapes", default="", help="comma-separated substrings of shape names to run (default all)")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or not conv_tc.triton_available("cuda"):
-        sys.exit(f"needs CUDA and Triton: {conv_tc.triton_unavailable_reason('cuda')}")
+    if not torch.cuda.is_available() or not triton_conv.triton_available("cuda"):
+        sys.exit(f"needs CUDA and Triton: {triton_conv.triton_unavailable_reason('cuda')}")
     import triton
 
     torch.backends.cudnn.benchmark = True

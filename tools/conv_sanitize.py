@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from kernel_checks import Tally, poisoned, rel_err
 
-from taesd_fast.kernels import conv3x3, conv_contract
+from taesd_fast.kernels import simt_conv, conv_contract
 
 SHAPES = [(64, 64, 19, 21), (3, 64, 17, 9), (64, 3, 5, 33), (1, 1, 1, 1)]  # C_in, C_out, H, W
 
@@ -27,7 +27,7 @@ SHAPES = [(64, 64, 19, 21), (3, 64, 17, 9), (64, 3, 5, 33), (1, 1, 1, 1)]  # C_i
 def main() -> int:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    op = torch.ops.taesd_fast.conv3x3_f16  # registered by importing conv3x3
+    op = torch.ops.taesd_fast.conv3x3_f16  # registered by importing simt_conv
     g = torch.Generator(device="cuda").manual_seed(0)
     tally = Tally()
     for cin, cout, H, W in SHAPES:
@@ -41,8 +41,8 @@ def main() -> int:
                 cpu = [None if t is None else t.cpu() for t in (x, w, b, r)]
                 ref = conv_contract.conv3x3_math(*cpu, stride, optional, dtype=torch.float64)
                 torch_err = rel_err(conv_contract.conv3x3_math(*cpu, stride, optional), ref)
-                for variant in conv3x3.VARIANTS:
-                    if conv3x3.unsupported_reason(x.shape, w.shape, x.dtype, stride, variant) is not None:
+                for variant in simt_conv.VARIANTS:
+                    if simt_conv.unsupported_reason(x.shape, w.shape, x.dtype, stride, variant) is not None:
                         continue  # "rb" is stride 1 only
                     what = f"{cin}->{cout} s{stride} {H}x{W} bias/res/relu={optional}"
                     try:

@@ -1,4 +1,4 @@
-"""The Triton conv kernels' shared device code (conv_tc's pointer kernel and conv_tc_tma): the fused epilogue and
+"""The Triton conv kernels' shared device code (triton_conv's pointer kernel and triton_conv_tma): the fused epilogue and
 the upsample fold's program-to-phase mapping. The epilogue follows conv_contract: + bias, + residual, ReLU in fp32,
 one rounding to f16, stored to the dense NHWC output."""
 

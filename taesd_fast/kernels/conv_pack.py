@@ -1,6 +1,6 @@
 """The tensor-core convs' packed weight: [phases, K rows, N_pad] f16, zero padded, built once per weight (and per
-in-place update of it) through the derived-tensor cache. conv_tc, conv_tc_tma, conv_halo, conv_tile, conv_up and
-conv_row read this layout; conv_narrow packs its own.
+in-place update of it) through the derived-tensor cache. triton_conv, triton_conv_tma, gluon_conv_rows, gluon_conv_tile, gluon_conv_up and
+cuda_conv_rows read this layout; gluon_conv_narrow packs its own.
 
 Upsample fold (upsample=2, stride 1). Nearest 2x followed by a 3x3 conv is, for each output phase (oy%2, ox%2), a
 2x2 conv on the low-res input: along one axis, output row 2i reads low-res rows i-1 (tap 0) and i (taps 1+2), output
@@ -92,10 +92,10 @@ def pack_weight(w: Tensor, upsample: int, p: Plan) -> Tensor:
     return wt.to(torch.float16).contiguous()  # fp32 sums (the fold) rounded to f16 once
 
 
-def packed_weight(w: Tensor, upsample: int, p: Plan, tag: str = "conv_tc", build=None) -> tuple[Tensor, list]:
+def packed_weight(w: Tensor, upsample: int, p: Plan, tag: str = "triton_conv", build=None) -> tuple[Tensor, list]:
     """(w packed for `p` from the cache, packed_now): packed_now is non-empty when the packing ran in this call, so
     the launch goes without PDL (tma_pdl.pdl_args). `build` replaces pack_weight for kernels with their own layout
-    (conv_narrow); `tag` keeps those apart in the cache."""
+    (gluon_conv_narrow); `tag` keeps those apart in the cache."""
     packed_now: list = []
     make = build or (lambda: pack_weight(w.detach(), upsample, p))
     wp = derived.get(w, (tag, upsample, p), lambda: packed_now.append(tag) or make())

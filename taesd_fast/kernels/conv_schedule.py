@@ -1,5 +1,5 @@
-"""How the Hopper conv kernels size their grids: rows per program for the row-streaming kernels (conv_halo,
-conv_row), and the one-wave rule of the latency kernels (conv_up, conv_narrow), whose convs are a chain at B=1 where
+"""How the Hopper conv kernels size their grids: rows per program for the row-streaming kernels (gluon_conv_rows,
+cuda_conv_rows), and the one-wave rule of the latency kernels (gluon_conv_up, gluon_conv_narrow), whose convs are a chain at B=1 where
 a second wave of programs would double a conv's latency."""
 
 from __future__ import annotations

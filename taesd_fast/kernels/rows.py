@@ -70,7 +70,7 @@ def _conv(name: str, module: str, nvrtc: bool = False) -> Row:
 
 
 def _simt(variant: str) -> Row:
-    return _kernel(f"simt_f16_{variant}", "conv2d", "conv3x3", supports=("spec_unsupported_reason", variant),
+    return _kernel(f"simt_f16_{variant}", "conv2d", "simt_conv", supports=("spec_unsupported_reason", variant),
                    ready=("spec_ready", variant), layouts=("nchw",), variant=variant)
 
 
@@ -79,13 +79,13 @@ _ANY_LAYOUT = ("nchw", "channels_last")
 
 KERNEL_ROWS: list[Row] = [
     # conv2d: f16 3x3 convs with the fused epilogue (conv_contract)
-    _conv("triton_conv", "conv_tc"),  # Triton pointer kernel: every contract shape, sm_80+
-    _conv("triton_conv_tma", "conv_tc_tma"),  # Triton TMA tiles: stride 1, C_in % 16 == 0, sm_90+
-    _conv("gluon_conv_rows", "conv_halo"),  # Gluon row streaming: 64->64 and 64->(<=16), W >= 64, sm_90
-    _conv("gluon_conv_tile", "conv_tile"),  # Gluon small tiles: 64->64, W >= 16, sm_90
-    _conv("gluon_conv_up", "conv_up"),  # Gluon upsample fold: 64->64 up 2, no residual, one wave, sm_90
-    _conv("gluon_conv_narrow", "conv_narrow"),  # Gluon narrow outputs: 64->(<=7), W <= 256, one wave, sm_90
-    _conv("cuda_conv_rows", "conv_row", nvrtc=True),  # CUDA C++ row streaming: 64->64, W > 64, sm_90
+    _conv("triton_conv", "triton_conv"),  # Triton pointer kernel: every contract shape, sm_80+
+    _conv("triton_conv_tma", "triton_conv_tma"),  # Triton TMA tiles: stride 1, C_in % 16 == 0, sm_90+
+    _conv("gluon_conv_rows", "gluon_conv_rows"),  # Gluon row streaming: 64->64 and 64->(<=16), W >= 64, sm_90
+    _conv("gluon_conv_tile", "gluon_conv_tile"),  # Gluon small tiles: 64->64, W >= 16, sm_90
+    _conv("gluon_conv_up", "gluon_conv_up"),  # Gluon upsample fold: 64->64 up 2, no residual, one wave, sm_90
+    _conv("gluon_conv_narrow", "gluon_conv_narrow"),  # Gluon narrow outputs: 64->(<=7), W <= 256, one wave, sm_90
+    _conv("cuda_conv_rows", "cuda_conv_rows", nvrtc=True),  # CUDA C++ row streaming: 64->64, W > 64, sm_90
     _simt("tile"),  # SIMT direct convs: NCHW, <= 64 channels
     _simt("ocb4"),
     _simt("rb"),  # stride 1 only
@@ -98,7 +98,7 @@ KERNEL_ROWS: list[Row] = [
     _kernel("gluon_fused", "head_full", "head_wgmma", loads="head_fused", run="run_gluon",
             supports=("gluon_spec_unsupported_reason",), ready=("gluon_row_ready",), layouts=_NCDHW),
     _kernel("triton_fused", "head_full", "head_fused", layouts=_NCDHW),
-    _kernel("triton_norm_split", "head_full", "head_act", layouts=_NCDHW),
+    _kernel("triton_norm_split", "head_full", "triton_norm_split", layouts=_NCDHW),
     _kernel("split_bf16", "head_full", "head", run="head_full_split", supports=("head_full_spec_unsupported_reason",),
             ready=("head_full_spec_ready",), layouts=_ANY_LAYOUT),
 ]

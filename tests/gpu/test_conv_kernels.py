@@ -2,7 +2,7 @@
 PyTorch's own f16 error on the same inputs; poisoned outputs; odd shapes; channel limits; strides;
 non-contiguous inputs; opcheck; torch.compile(fullgraph=True); CUDA-graph capture and replay.
 
-Poisoning: the op has a test-only switch (conv3x3.POISON_OUTPUT) that NaN-fills its freshly allocated
+Poisoning: the op has a test-only switch (simt_conv.POISON_OUTPUT) that NaN-fills its freshly allocated
 output on the same stream right before the launch, so any element the kernel fails to write is NaN
 and fails the error check. Inputs are fresh random normals for every case (never zeros).
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from taesd_fast._backend import kernels_unavailable_reason
-from taesd_fast.kernels import conv3x3
+from taesd_fast.kernels import simt_conv
 
 _REASON = kernels_unavailable_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"taesd_fast kernels unavailable: {_REASON}")
@@ -27,7 +27,7 @@ OP = torch.ops.taesd_fast.conv3x3_f16
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
-    monkeypatch.setattr(conv3x3, "POISON_OUTPUT", True)
+    monkeypatch.setattr(simt_conv, "POISON_OUTPUT", True)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -98,7 +98,7 @@ EDGE = [
 
 
 # The register-blocked variant is stride 1 only (unsupported_reason refuses stride 2; test_op_validation covers it).
-VARIANT_STRIDES = [(v, s) for v in conv3x3.VARIANTS for s in (1, 2) if not (v == "rb" and s == 2)]
+VARIANT_STRIDES = [(v, s) for v in simt_conv.VARIANTS for s in (1, 2) if not (v == "rb" and s == 2)]
 
 
 @pytest.mark.parametrize("variant,stride", VARIANT_STRIDES)
@@ -110,7 +110,7 @@ def test_edge_shapes(variant, stride, case):
     _check(variant, B, cin, cout, H, W, stride, *flags, seed=seed)
 
 
-@pytest.mark.parametrize("variant", conv3x3.VARIANTS)
+@pytest.mark.parametrize("variant", simt_conv.VARIANTS)
 @pytest.mark.parametrize("seed", range(6))
 def test_random_shapes(variant, seed):
     rng = random.Random(1000 + seed)
@@ -121,7 +121,7 @@ def test_random_shapes(variant, seed):
     _check(variant, B, cin, cout, H, W, stride, *flags, seed=seed, noncontig=rng.random() < 0.5)
 
 
-@pytest.mark.parametrize("variant", conv3x3.VARIANTS)
+@pytest.mark.parametrize("variant", simt_conv.VARIANTS)
 def test_non_contiguous_inputs(variant):
     _check(variant, 2, 64, 64, 29, 31, 1, True, True, True, seed=7, noncontig=True)
 
@@ -139,7 +139,7 @@ def test_large_batch_grid_stride():
 def test_error_summary(capsys):
     """Prints the kernel vs PyTorch f16 errors on a TAESD-like 64->64 layer (for the log)."""
     lines = []
-    for variant in conv3x3.VARIANTS:
+    for variant in simt_conv.VARIANTS:
         for stride in (1, 2) if variant != "rb" else (1,):
             e, t = _check(variant, 2, 64, 64, 64, 64, stride, True, True, True, seed=11)
             lines.append(f"{variant} s{stride}: kernel {e:.3e}  torch-f16 {t:.3e}")
@@ -147,7 +147,7 @@ def test_error_summary(capsys):
         print("\n" + "\n".join(lines))
 
 
-@pytest.mark.parametrize("variant", conv3x3.VARIANTS)
+@pytest.mark.parametrize("variant", simt_conv.VARIANTS)
 def test_opcheck(variant):
     gen = torch.Generator(device="cuda").manual_seed(5)
     stride = 1 if variant == "rb" else 2
@@ -172,7 +172,7 @@ def test_compile_fullgraph():
     torch.testing.assert_close(compiled(x2, r2), f(x2, r2), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("variant", conv3x3.VARIANTS)
+@pytest.mark.parametrize("variant", simt_conv.VARIANTS)
 def test_cuda_graph_capture_replay(variant):
     gen = torch.Generator(device="cuda").manual_seed(13)
     x, w, b, r = _make(2, 32, 64, 21, 27, 1, True, True, gen)

@@ -1,6 +1,6 @@
 """Every conv2d kernel row on the GPU, each through its own `run` (kernels/rows.py): first one table-driven check
-per row, then the Hopper rows in depth: the row-streaming kernels (gluon_conv_rows, kernels/conv_halo.py, and
-cuda_conv_rows, kernels/conv_row.py) and the latency kernels for small images (gluon_conv_tile, gluon_conv_up,
+per row, then the Hopper rows in depth: the row-streaming kernels (gluon_conv_rows, kernels/gluon_conv_rows.py, and
+cuda_conv_rows, kernels/cuda_conv_rows.py) and the latency kernels for small images (gluon_conv_tile, gluon_conv_up,
 gluon_conv_narrow). The Triton rows are covered in depth by test_conv_tc_gpu.py, the SIMT ones by
 test_conv_kernels.py.
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from taesd_fast.dispatch import Spec, table
-from taesd_fast.kernels import conv3x3, conv_contract, conv_halo, conv_launch, conv_narrow, conv_row, conv_tile, conv_up
+from taesd_fast.kernels import simt_conv, conv_contract, gluon_conv_rows, conv_launch, gluon_conv_narrow, cuda_conv_rows, gluon_conv_tile, gluon_conv_up
 from taesd_fast.kernels import tma_pdl
 
 CL = torch.channels_last
@@ -31,7 +31,7 @@ def _spec(x_shape, c_out=64, upsample=1, residual=False, layout="channels_last",
 
 
 _PROBE = _spec((1, 64, 8, 64))
-_REASON = "CUDA is not available" if not torch.cuda.is_available() else conv_halo.spec_unsupported_reason(_PROBE)
+_REASON = "CUDA is not available" if not torch.cuda.is_available() else gluon_conv_rows.spec_unsupported_reason(_PROBE)
 pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=f"the Hopper conv rows are unavailable: {_REASON}"),
     pytest.mark.usefixtures("no_tf32"),
@@ -41,7 +41,7 @@ pytestmark = [
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
-    monkeypatch.setattr(conv3x3, "POISON_OUTPUT", True)
+    monkeypatch.setattr(simt_conv, "POISON_OUTPUT", True)
 
 
 def _count_launches(module, monkeypatch) -> list:
@@ -66,11 +66,11 @@ def _counting(module):
     return fixture
 
 
-launches = _counting(conv_halo)
-row_launches = _counting(conv_row)
-tile_launches = _counting(conv_tile)
-up_launches = _counting(conv_up)
-narrow_launches = _counting(conv_narrow)
+launches = _counting(gluon_conv_rows)
+row_launches = _counting(cuda_conv_rows)
+tile_launches = _counting(gluon_conv_tile)
+up_launches = _counting(gluon_conv_up)
+narrow_launches = _counting(gluon_conv_narrow)
 
 
 def _make(B, H, W, bias, residual, gen, cout=64):
@@ -157,13 +157,13 @@ def test_each_row_runs_its_own_kernel_within_the_bound(name, x_shape, c_out, ups
     assert row.ready(spec), "launched once, the row must report itself ready for graph capture"
 
 
-# --------------------------------------------------------------------------- the row-streaming kernel (conv_halo)
+# --------------------------------------------------------------------------- the row-streaming kernel (gluon_conv_rows)
 
 
 @pytest.mark.parametrize("bias,residual,relu", list(itertools.product([False, True], repeat=3)))
 @pytest.mark.parametrize("W", [64, 150])  # one warpgroup per strip (W <= 64), two (wider)
 def test_epilogues(bias, residual, relu, W, launches):
-    _check(conv_halo, 2, 21, W, bias, residual, relu, seed=int(bias) + 2 * residual + 4 * relu, launches=launches)
+    _check(gluon_conv_rows, 2, 21, W, bias, residual, relu, seed=int(bias) + 2 * residual + 4 * relu, launches=launches)
 
 
 @pytest.mark.parametrize("B,H,W,rows", [(1, 1, 64, None), (1, 2, 64, None), (3, 37, 77, 5), (2, 64, 128, 7),
@@ -171,8 +171,8 @@ def test_epilogues(bias, residual, relu, W, launches):
                                         (1, 512, 512, None)])
 def test_shapes_and_row_chunks(B, H, W, rows, launches, monkeypatch):
     if rows is not None:
-        monkeypatch.setattr(conv_halo, "rows_per_program", lambda *a: rows)
-    _check(conv_halo, B, H, W, True, True, True, seed=B * 1000 + H * 10 + W, launches=launches)
+        monkeypatch.setattr(gluon_conv_rows, "rows_per_program", lambda *a: rows)
+    _check(gluon_conv_rows, B, H, W, True, True, True, seed=B * 1000 + H * 10 + W, launches=launches)
 
 
 @pytest.mark.parametrize("cout", [3, 16])
@@ -180,8 +180,8 @@ def test_shapes_and_row_chunks(B, H, W, rows, launches, monkeypatch):
 def test_narrow_outputs(cout, B, H, W, rows, launches, monkeypatch):
     """64->3 (the decoder's last conv): N padded to 16, masked stores instead of TMA stores."""
     if rows is not None:
-        monkeypatch.setattr(conv_halo, "rows_per_program", lambda *a: rows)
-    _check(conv_halo, B, H, W, True, False, cout == 16, seed=cout + H, launches=launches, cout=cout)
+        monkeypatch.setattr(gluon_conv_rows, "rows_per_program", lambda *a: rows)
+    _check(gluon_conv_rows, B, H, W, True, False, cout == 16, seed=cout + H, launches=launches, cout=cout)
 
 
 @pytest.mark.parametrize("W,cout,residual,limit", [(32, 64, True, "W=32"), (1, 64, False, "W=1"),
@@ -191,9 +191,9 @@ def test_refuses_what_it_does_not_cover(W, cout, residual, limit, launches):
     launch, with the limit in the message (the dispatcher never sends them; a direct caller learns why)."""
     gen = torch.Generator(device="cuda").manual_seed(W)
     x, w, b, r = _make(2, 7, W, True, residual, gen, cout)
-    assert limit in conv_halo.spec_unsupported_reason(_spec(x.shape, cout, residual=residual))
+    assert limit in gluon_conv_rows.spec_unsupported_reason(_spec(x.shape, cout, residual=residual))
     with pytest.raises(ValueError, match=limit):
-        _run(conv_halo, x, w, b, r, True)
+        _run(gluon_conv_rows, x, w, b, r, True)
     assert not launches
 
 
@@ -204,7 +204,7 @@ def test_misaligned_input_is_copied_for_tma(launches):
     x = buf[1:].view(2, 9, 96, 64).permute(0, 3, 1, 2)
     assert x.is_contiguous(memory_format=CL) and x.data_ptr() % 16
     w = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
-    y = _run(conv_halo, x, w, None, None, True)
+    y = _run(gluon_conv_rows, x, w, None, None, True)
     assert launches and launches[0] == x.shape
     _assert_close(y, (x, w, None, None, 1, True, 1, False))
     assert tma_pdl.aligned_nhwc(x).data_ptr() % 16 == 0
@@ -213,25 +213,25 @@ def test_misaligned_input_is_copied_for_tma(launches):
 def test_graph_capture_replays_new_inputs(launches):
     gen = torch.Generator(device="cuda").manual_seed(5)
     x, w, b, r = _make(4, 32, 96, True, True, gen)
-    _run(conv_halo, x, w, b, r, True)  # compile outside the capture
+    _run(gluon_conv_rows, x, w, b, r, True)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = _run(conv_halo, x, w, b, r, True)
+        y = _run(gluon_conv_rows, x, w, b, r, True)
     x.copy_(torch.randn(x.shape, generator=gen, device="cuda").half())
     graph.replay()
     assert len(launches) == 2
     _assert_close(y, (x, w, b, r, 1, True, 1, False))
 
 
-# --------------------------------------------------------------------------- the latency kernel (conv_tile)
+# --------------------------------------------------------------------------- the latency kernel (gluon_conv_tile)
 
 
 @pytest.mark.parametrize("bias,residual,relu", list(itertools.product([False, True], repeat=3)))
 @pytest.mark.parametrize("B,H", [(2, 17), (1, 9)])  # all 64 channels per program; half (a small grid)
 def test_small_tile_epilogues(bias, residual, relu, B, H, tile_launches):
     # 64-column tiles over 40 columns: zero fill, clipped stores
-    _check(conv_tile, B, H, 40, bias, residual, relu, seed=100 * H + int(bias) + 2 * residual + 4 * relu,
+    _check(gluon_conv_tile, B, H, 40, bias, residual, relu, seed=100 * H + int(bias) + 2 * residual + 4 * relu,
            launches=tile_launches)
 
 
@@ -242,8 +242,8 @@ def test_small_tile_epilogues(bias, residual, relu, B, H, tile_launches):
 def test_small_tile_shapes(B, H, W, tile, tile_launches):
     """Each tile shape (rows x channels per program: 1 x 32, 1 x 64, 2 x 64), a half-filled last tile row
     (3 x 45 x 100), narrow images, partial tiles at the right edge, and a grid of several waves (8 x 64^2)."""
-    assert conv_tile.tile_shape(B, H, W, 132) == tile
-    _check(conv_tile, B, H, W, True, True, True, seed=B * 1000 + H * 10 + W, launches=tile_launches)
+    assert gluon_conv_tile.tile_shape(B, H, W, 132) == tile
+    _check(gluon_conv_tile, B, H, W, True, True, True, seed=B * 1000 + H * 10 + W, launches=tile_launches)
 
 
 @pytest.mark.parametrize("W,cout,upsample,limit", [(8, 64, 1, "W=8"), (32, 3, 1, "64->3"),
@@ -251,9 +251,9 @@ def test_small_tile_shapes(B, H, W, tile, tile_launches):
 def test_small_tile_refuses_what_it_does_not_cover(W, cout, upsample, limit, tile_launches):
     gen = torch.Generator(device="cuda").manual_seed(W + cout)
     x, w, b, _ = _make(1, 8, W, True, False, gen, cout)
-    assert limit in conv_tile.spec_unsupported_reason(_spec(x.shape, cout, upsample))
+    assert limit in gluon_conv_tile.spec_unsupported_reason(_spec(x.shape, cout, upsample))
     with pytest.raises(ValueError, match=limit):
-        _run(conv_tile, x, w, b, None, False, upsample)
+        _run(gluon_conv_tile, x, w, b, None, False, upsample)
     assert not tile_launches
 
 
@@ -284,7 +284,7 @@ def _assert_two_convs_replay_on_new_input_is_eager(module, H, W, seed):
 def test_small_tile_graph_replays_new_inputs(tile_launches):
     """Two convs captured back to back with programmatic dependent launch, as in a decode: the replay on new inputs
     must equal the same two launches run eagerly (the second conv sees the first one's fresh output)."""
-    _assert_two_convs_replay_on_new_input_is_eager(conv_tile, 32, 32, seed=6)
+    _assert_two_convs_replay_on_new_input_is_eager(gluon_conv_tile, 32, 32, seed=6)
     assert len(tile_launches) == 6
 
 
@@ -296,15 +296,15 @@ def test_small_tile_graph_replays_new_inputs(tile_launches):
 def test_upsample_kernel_epilogues_and_row_counts(bias, relu, B, H, W, rows, up_launches):
     """Each rows-per-program choice (1, 2, 4 low-res rows), a partial last tile (126 = 31 x 4 + 2 rows), a partial
     strip (100 = 64 + 36 columns) and a half-empty one (32 columns: zero fill and clipped stores)."""
-    assert conv_up.rows_per_program(B, H, W, 132) == rows
-    _check(conv_up, B, H, W, bias, False, relu, seed=1000 * rows + int(bias) + 2 * relu, launches=up_launches,
+    assert gluon_conv_up.rows_per_program(B, H, W, 132) == rows
+    _check(gluon_conv_up, B, H, W, bias, False, relu, seed=1000 * rows + int(bias) + 2 * relu, launches=up_launches,
            upsample=2)
 
 
 @pytest.mark.parametrize("B,H,W", [(2, 30, 40), (1, 64, 64), (1, 128, 128), (3, 5, 17), (1, 1, 64)])
 def test_upsample_kernel_shapes(B, H, W, up_launches):
     """The decoder's 64^2 -> 128^2 and 128^2 -> 256^2 upsample convs at B=1, batches, a one-row image."""
-    _check(conv_up, B, H, W, False, False, False, seed=B * 1000 + H * 10 + W, launches=up_launches, upsample=2)
+    _check(gluon_conv_up, B, H, W, False, False, False, seed=B * 1000 + H * 10 + W, launches=up_launches, upsample=2)
 
 
 @pytest.mark.parametrize("B,H,W,residual,limit", [(1, 16, 16, True, "plain upsample fold"),
@@ -316,9 +316,9 @@ def test_upsample_kernel_refuses_what_it_does_not_cover(B, H, W, residual, limit
     gen = torch.Generator(device="cuda").manual_seed(B + H + W)
     x, w, b, _ = _make(B, H, W, True, False, gen)
     r = torch.randn(B, 64, 2 * H, 2 * W, generator=gen, device="cuda").half().contiguous(memory_format=CL)
-    assert limit in conv_up.spec_unsupported_reason(_spec(x.shape, 64, 2, residual))
+    assert limit in gluon_conv_up.spec_unsupported_reason(_spec(x.shape, 64, 2, residual))
     with pytest.raises(ValueError, match=limit):
-        _run(conv_up, x, w, b, r if residual else None, True, 2)
+        _run(gluon_conv_up, x, w, b, r if residual else None, True, 2)
     assert not up_launches
 
 
@@ -328,7 +328,7 @@ def test_upsample_kernel_graph_replays_new_inputs(up_launches, tile_launches):
     gen = torch.Generator(device="cuda").manual_seed(7)
     x, w, b, _ = _make(1, 64, 64, True, False, gen)
     w2 = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
-    run = lambda: _run(conv_tile, _run(conv_up, x, w, None, None, False, 2), w2, b, None, True)  # noqa: E731
+    run = lambda: _run(gluon_conv_tile, _run(gluon_conv_up, x, w, None, None, False, 2), w2, b, None, True)  # noqa: E731
     _assert_replay_on_new_input_is_eager(run, x, gen)
     assert len(up_launches) == 3 and len(tile_launches) == 3
 
@@ -345,8 +345,8 @@ def test_narrow_kernel(bias, relu, B, H, W, cout, rows, narrow_launches):
     per row, 128 four-row programs), each rows-per-program choice (4 with the most shared memory: 6 rows of 256
     pixels), a partial last tile (255 rows in pairs), rows narrower than the tile (40 of 64, 129 and 200 of 256
     pixels: zero fill, masked stores), 1, 4, 5 and 7 output channels (N = 16 and 32)."""
-    assert conv_narrow.rows_per_program(B, H, W, cout, 132) == rows
-    _check(conv_narrow, B, H, W, bias, False, relu, seed=1000 * rows + W + 4 * int(bias) + 2 * relu,
+    assert gluon_conv_narrow.rows_per_program(B, H, W, cout, 132) == rows
+    _check(gluon_conv_narrow, B, H, W, bias, False, relu, seed=1000 * rows + W + 4 * int(bias) + 2 * relu,
            launches=narrow_launches, cout=cout)
 
 
@@ -358,9 +358,9 @@ def test_narrow_kernel_refuses_what_it_does_not_cover(B, H, W, cout, residual, l
     """Rows wider than 256, more than one wave of programs, a residual and 8 output channels."""
     gen = torch.Generator(device="cuda").manual_seed(B + H + W + cout)
     x, w, b, r = _make(B, H, W, True, residual, gen, cout)
-    assert limit in conv_narrow.spec_unsupported_reason(_spec(x.shape, cout, residual=residual))
+    assert limit in gluon_conv_narrow.spec_unsupported_reason(_spec(x.shape, cout, residual=residual))
     with pytest.raises(ValueError, match=limit):
-        _run(conv_narrow, x, w, b, r, False)
+        _run(gluon_conv_narrow, x, w, b, r, False)
     assert not narrow_launches
 
 
@@ -371,7 +371,7 @@ def test_narrow_kernel_graph_replays_new_inputs(tile_launches, narrow_launches):
     x, w, b, r = _make(1, 64, 64, True, True, gen)
     w3 = (torch.randn(3, 64, 3, 3, generator=gen, device="cuda") / 24).half()
     b3 = torch.randn(3, generator=gen, device="cuda").half()
-    run = lambda: _run(conv_narrow, _run(conv_tile, x, w, b, r, True), w3, b3, None, False)  # noqa: E731
+    run = lambda: _run(gluon_conv_narrow, _run(gluon_conv_tile, x, w, b, r, True), w3, b3, None, False)  # noqa: E731
     _assert_replay_on_new_input_is_eager(run, x, gen)
     assert len(tile_launches) == 3 and len(narrow_launches) == 3
 
@@ -380,20 +380,20 @@ def test_launch_after_packing_its_weight_goes_without_pdl(monkeypatch):
     """The Gluon convs load their weights before griddepcontrol.wait, so the call whose packing kernel just wrote
     them must launch without programmatic dependent launch; later calls (weight cached) launch with it."""
     seen = []
-    real = conv_narrow.launch
-    monkeypatch.setattr(conv_narrow, "launch", lambda *a, **k: seen.append(a[-1]) or real(*a, **k))
+    real = gluon_conv_narrow.launch
+    monkeypatch.setattr(gluon_conv_narrow, "launch", lambda *a, **k: seen.append(a[-1]) or real(*a, **k))
     gen = torch.Generator(device="cuda").manual_seed(9)
     x, w, b, _ = _make(1, 16, 64, True, False, gen, 3)
     args = (x, w, b, None, 1, False, 1, False)
-    y_first = _run(conv_narrow, x, w, b, None, False)
-    y_cached = _run(conv_narrow, x, w, b, None, False)
+    y_first = _run(gluon_conv_narrow, x, w, b, None, False)
+    y_cached = _run(gluon_conv_narrow, x, w, b, None, False)
     assert seen[0] == {"PDL": False}, seen[0]
     assert seen[1].get("PDL") is (tma_pdl.PDL and torch.cuda.get_device_capability()[0] >= 9), seen[1]
     assert torch.equal(y_first, y_cached)
     _assert_close(y_cached, args)
 
 
-# --------------------------------------------------------------------------- the CUDA row kernel (conv_row)
+# --------------------------------------------------------------------------- the CUDA row kernel (cuda_conv_rows)
 
 
 @pytest.mark.parametrize("B,H,W,rows,bias,residual,relu", [
@@ -408,20 +408,20 @@ def test_row_kernel_matches_the_gluon_kernel(B, H, W, rows, bias, residual, relu
     """The CUDA row kernel: within the bound with NaN-poisoned outputs, and bitwise equal to the Gluon row kernel
     on the same runs (the same products in the same order)."""
     if rows is not None:
-        monkeypatch.setattr(conv_row, "rows_per_program", lambda *a: rows)
-        monkeypatch.setattr(conv_halo, "rows_per_program", lambda *a: rows)
+        monkeypatch.setattr(cuda_conv_rows, "rows_per_program", lambda *a: rows)
+        monkeypatch.setattr(gluon_conv_rows, "rows_per_program", lambda *a: rows)
     gen = torch.Generator(device="cuda").manual_seed(B * 100 + H + W)
     x, w, b, r = _make(B, H, W, bias, residual, gen)
     args = (x, w, b, r, 1, relu, 1, False)
-    y = _run(conv_row, x, w, b, r, relu)
+    y = _run(cuda_conv_rows, x, w, b, r, relu)
     assert len(row_launches) == 1, "the CUDA row kernel did not run"
     _assert_close(y, args)
-    y_gluon = _run(conv_halo, x, w, b, r, relu)  # W > 64: 128-column strips, the same row runs
+    y_gluon = _run(gluon_conv_rows, x, w, b, r, relu)  # W > 64: 128-column strips, the same row runs
     assert len(launches) == 1 and torch.equal(y, y_gluon)
 
 
 def test_row_kernel_graph_replays_new_inputs(row_launches):
     """Captured after a conv that writes its input, with programmatic dependent launch, as in a decode: the replay on
     new inputs equals the same launches run eagerly."""
-    _assert_two_convs_replay_on_new_input_is_eager(conv_row, 64, 256, seed=9)
+    _assert_two_convs_replay_on_new_input_is_eager(cuda_conv_rows, 64, 256, seed=9)
     assert len(row_launches) == 6

@@ -1,5 +1,5 @@
-"""The Triton tensor-core rows on the GPU: "triton_conv" (the pointer kernel, kernels/conv_tc.py, also the default
-variant of the taesd_fast::conv3x3_tc op) and "triton_conv_tma" (kernels/conv_tc_tma.py), and the op itself.
+"""The Triton tensor-core rows on the GPU: "triton_conv" (the pointer kernel, kernels/triton_conv.py, also the default
+variant of the taesd_fast::conv3x3_tc op) and "triton_conv_tma" (kernels/triton_conv_tma.py), and the op itself.
 
 Every check compares against a float64 reference with the bound set by cuDNN's own f16 error on the same inputs
 (the f16 ops the model runs today: Clamp, nn.Upsample, conv, + skip, ReLU): rel err <= 2x that. Outputs are
@@ -26,8 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taesd_fast.kernels import conv_contract, conv_launch, conv_tc_tma
-from taesd_fast.kernels import conv_tc as tc
+from taesd_fast.kernels import conv_contract, conv_launch, triton_conv_tma
+from taesd_fast.kernels import triton_conv as tc
 
 _REASON = "CUDA is not available" if not torch.cuda.is_available() else tc.triton_unavailable_reason("cuda")
 pytestmark = [
@@ -77,11 +77,11 @@ def _check(B, cin, cout, H, W, stride=1, upsample=1, bias=True, residual=True, r
     before = set(conv_launch._launched)
     if row is not None:
         y = row.run(x, w, b, stride, r, relu, upsample, pre_clamp)
-    elif isinstance(config, conv_tc_tma.TMAConfig):
-        y = conv_tc_tma.conv3x3_tma_launch(*args, config=config)
+    elif isinstance(config, triton_conv_tma.TMAConfig):
+        y = triton_conv_tma.conv3x3_tma_launch(*args, config=config)
     else:
         y = OP(*args) if config is None else tc.conv3x3_tc_launch(*args, config=config)
-    want = "triton_conv_tma" if row is conv_tc_tma or isinstance(config, conv_tc_tma.TMAConfig) else "triton_conv"
+    want = "triton_conv_tma" if row is triton_conv_tma or isinstance(config, triton_conv_tma.TMAConfig) else "triton_conv"
     assert {k[0] for k in set(conv_launch._launched) - before} <= {want}, "another kernel ran"
     ref = _reference(*args)
     assert y.shape == ref.shape and y.dtype == torch.float16 and y.is_contiguous(memory_format=CL)
@@ -139,7 +139,7 @@ def test_random_shapes(seed):
     _check(B, cin, cout, H, W, stride, up, *flags, seed=seed)
 
 
-TMA = conv_tc_tma.TMAConfig
+TMA = triton_conv_tma.TMAConfig
 
 
 @pytest.mark.parametrize("cfg", [tc.TCConfig(64, 4, 2), tc.TCConfig(256, 8, 3), tc.TCConfig(128, 8, 4),
@@ -163,9 +163,9 @@ TMA_CASES = [  # B, cin, cout, H, W, upsample, bias, residual, relu: the TMA row
 def test_tma_row(case):
     """The TMA row through its own run (its default config), tiles straddling every edge."""
     B, cin, cout, H, W, up, bias, res, relu = case
-    if conv_tc_tma.spec_unsupported_reason(_spec_of(B, cin, cout, H, W, up, bias, res, relu)) is not None:
+    if triton_conv_tma.spec_unsupported_reason(_spec_of(B, cin, cout, H, W, up, bias, res, relu)) is not None:
         pytest.skip("the TMA kernel needs sm_90+")
-    _check(B, cin, cout, H, W, 1, up, bias, res, relu, seed=zlib.crc32(repr(case).encode()), row=conv_tc_tma)
+    _check(B, cin, cout, H, W, 1, up, bias, res, relu, seed=zlib.crc32(repr(case).encode()), row=triton_conv_tma)
 
 
 def _spec_of(B, cin, cout, H, W, up, bias, res, relu):

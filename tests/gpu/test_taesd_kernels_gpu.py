@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taesd_fast.kernels import conv_tc as tc
+from taesd_fast.kernels import triton_conv as tc
 from taesd_fast import TAESD, dispatch
 from taesd_fast._backend import kernels_unavailable_reason
 
@@ -78,14 +78,14 @@ def test_taef2_forced_kernels(models, B, H, W, tmp_path, monkeypatch):
 def test_taef2_graph_replay_fidelity(models, monkeypatch, tmp_path):
     """The kernels a graph replay runs on Hopper (the row-streaming and TMA convs) on the real TAEF2 weights: the
     second decode of a shape is a replay; its error vs fp32 stays within 2x that of PyTorch f16, >= 60 dB."""
-    from taesd_fast.kernels import conv_halo
+    from taesd_fast.kernels import gluon_conv_rows
 
     monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
     dispatch.clear_cache()
     m32, m16 = models
     launches = []
-    real = conv_halo.launch
-    monkeypatch.setattr(conv_halo, "launch", lambda *a, **k: launches.append(1) or real(*a, **k))
+    real = gluon_conv_rows.launch
+    monkeypatch.setattr(gluon_conv_rows, "launch", lambda *a, **k: launches.append(1) or real(*a, **k))
     img = _image(1, 256, 320, seed=11)
     with torch.no_grad():
         with dispatch.backend("torch"):

@@ -1,5 +1,5 @@
 """The row-streaming 64->64 conv in CUDA C++ (row "cuda_conv_rows"; csrc/conv_row_sm90.cu, compiled with NVRTC for
-sm_90a): conv_halo's schedule with one copy of each input row in shared memory, its three dx taps read as wgmma
+sm_90a): gluon_conv_rows's schedule with one copy of each input row in shared memory, its three dx taps read as wgmma
 operands starting 0, 1 and 2 pixels into it (which Gluon's shared-memory views cannot express; the Gluon kernel
 loads three shifted boxes). Fewer shared-memory bytes per row make it faster than the Gluon kernel on short row runs
 in one wave of programs (B=1 at 128^2-256^2); on long runs the Gluon kernel's deeper overlap wins.
@@ -79,7 +79,7 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     # The kernel reads each tap's weight K-major ([c_out][c_in]); a repack in this call means no PDL (see
     # tma_pdl: the weights load before the wait).
     built = []
-    wk = derived.get(wp, ("conv_row",), lambda: built.append(1) or wp.reshape(9, 64, 64).transpose(1, 2).contiguous())
+    wk = derived.get(wp, ("cuda_conv_rows",), lambda: built.append(1) or wp.reshape(9, 64, 64).transpose(1, 2).contiguous())
     w_map = tensor_map(wk, [64, 9 * 64], [64], [64, 64])
     x_map = _nhwc_map(x, STRIP + 2, 8)
     y_map = _nhwc_map(out, STRIP)

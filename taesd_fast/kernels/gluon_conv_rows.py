@@ -1,7 +1,7 @@
 """The row-streaming conv (row "gluon_conv_rows"): 64->64 and 64->3 stride-1 3x3 convs on Hopper (Gluon: explicit
 shared memory, TMA and asynchronous wgmma).
 
-Why: the Triton kernels (conv_tc, conv_tc_tma) load each tap's input box and a [64, 64] weight slice for every
+Why: the Triton kernels (triton_conv, triton_conv_tma) load each tap's input box and a [64, 64] weight slice for every
 output tile: 9 input boxes plus 72 KB of weights per 128 output pixels, so they are bound by L2 -> SM traffic.
 
 How: one program owns a strip of BLOCK_W output columns (64 per warpgroup) and a run of ROWS output rows of one
@@ -14,7 +14,7 @@ TMA store. Input traffic is ~3 boxes per output row (plus 2 halo rows per run) i
 per program, and every A fragment is read from shared memory once for three MMAs. A run's first two and last steps
 skip the MMAs whose rows lie outside the run (the halo rows above it, the rows past its end).
 
-conv_row.py is the same schedule in CUDA C++ (its own row, faster on short runs in one wave).
+cuda_conv_rows.py is the same schedule in CUDA C++ (its own row, faster on short runs in one wave).
 
 Covers C_in = 64 with C_out = 64, or C_out <= 16 without a residual (the decoder's 64->3: N padded to 16, masked
 stores); stride 1, no upsample, no pre_clamp, W >= 64, sm_90 with Gluon. The weight is conv_pack's (rows

@@ -1,4 +1,4 @@
-"""The tensor-core conv's TMA kernel (row "triton_conv_tma", Hopper+): the same implicit GEMM as conv_tc's pointer
+"""The tensor-core conv's TMA kernel (row "triton_conv_tma", Hopper+): the same implicit GEMM as triton_conv's pointer
 kernel, but each program owns a 2-D tile of TILE_H x TILE_W output pixels and loads every tap's input box
 [1, TILE_H, TILE_W, BLOCK_K] with one TMA copy from a 4-D NHWC descriptor. The TMA unit zero-fills the parts of a box
 outside the image (negative or too large coordinates), so the conv's zero padding costs no masks and no per-pixel
