@@ -258,7 +258,7 @@ def isolated_dispatch(tmp_path, monkeypatch):
     from taesd_fast import dispatch
 
     monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TAESD_FAST_TUNING", "blocking")  # deterministic: tests of background tuning ask for it
+    monkeypatch.setenv("TAESD_FAST_TUNING", "blocking")  # deterministic: tests of subprocess tuning ask for it
     dispatch.clear_cache()
     yield
     dispatch.wait_for_tuning(timeout=60)
