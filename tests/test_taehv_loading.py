@@ -236,9 +236,7 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
         captures.append(output.shape)
         return (lambda: output.copy_(fn())), output
 
-    monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
-    monkeypatch.setattr(taehv_stream.graphs, "capture", fake_capture)
-    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    _fake_cuda_steps(monkeypatch, fake_capture)
     latents = torch.randn(1, 8, 48, *HW)
     whole = w22.decode_video(latents)
     frames, state = [], None
@@ -266,19 +264,20 @@ def test_a_failed_step_capture_warns_once_and_the_stream_stays_eager(w22, monkey
         attempts.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
-    monkeypatch.setattr(taehv_stream.graphs, "capture", failing_capture)
-    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    _fake_cuda_steps(monkeypatch, failing_capture)
     latents = torch.randn(1, 5, 48, *HW)
-    whole = w22.decode_video(latents)
     frames, state = [], None
-    for t in range(5):
-        if t == 1:
-            with pytest.warns(RuntimeWarning, match=r"capture of a TAEHV step failed for input \(1, 48, 2, 3\) "
-                                                     r"\(RuntimeError: .*\); this stream's steps stay eager"):
-                out, state = w22.decode_step(latents[:, t], state)
-        else:
+    with pytest.warns(RuntimeWarning, match=r"capture of a TAEHV step failed for input \(1, 48, 2, 3\) "
+                                             r"\(RuntimeError: .*\); this stream's steps stay eager") as record:
+        for t in range(5):
             out, state = w22.decode_step(latents[:, t], state)
-        frames.append(out)
-    assert attempts == [1] and state._graph is None
-    torch.testing.assert_close(torch.cat(frames, 1), whole, rtol=0, atol=1e-6)
+            frames.append(out)
+    assert len(record) == 1 and attempts == [1] and state._graph is None
+    torch.testing.assert_close(torch.cat(frames, 1), w22.decode_video(latents), rtol=0, atol=1e-6)
+
+
+def _fake_cuda_steps(monkeypatch, capture) -> None:
+    """Streaming steps on CPU take the CUDA-graph path, with `capture` standing in for graphs.capture."""
+    monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
+    monkeypatch.setattr(taehv_stream.graphs, "capture", capture)
+    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: contextlib.nullcontext())
