@@ -137,6 +137,74 @@ def eager_before_capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Te
     return fn(x)
 
 
+class CapturePolicy:
+    """When a call runs as a CUDA-graph replay: the one policy of GraphCache (TAESD.encode / decode) and
+    taehv_stream.graphed_step (a TAEHV stream's step). Each call first picks up what the tuning process has answered
+    (`dispatch.poll`), then looks up its `signature`:
+
+    - a graph captured under the current `dispatch.generation()`: replay it;
+    - a graph captured under an older generation (tuning has replaced decisions since): capture again at once;
+    - a signature whose capture failed: eager, for good;
+    - a signature not seen before (or a caller not `ready` to capture yet): eager (`eager_before_capture`), and
+      remembered, so its next call captures;
+    - else capture. A capture that fails warns once, and that signature stays eager.
+
+    Keeps the `max_graphs` most recently used graphs and the `max_seen` signatures last called eagerly. A graph is
+    what the caller's `capture()` returns: it records the generation it was captured under (`.generation`), and
+    `graph(x)` copies x in, replays and returns a fresh tensor."""
+
+    def __init__(self, max_graphs: int, max_seen: int):
+        self.max_graphs = max_graphs
+        self.max_seen = max_seen
+        self.graphs: OrderedDict = OrderedDict()  # signature -> graph, most recently used last
+        self.seen: OrderedDict = OrderedDict()  # signatures called once, oldest first
+        self.failed: set = set()
+
+    def clear(self) -> None:
+        self.graphs.clear()
+        self.seen.clear()
+        self.failed.clear()
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def latest(self):
+        """The most recently used graph, or None."""
+        return next(reversed(self.graphs.values()), None)
+
+    def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list, extra: tuple,
+            capture: Callable[[], Callable[[torch.Tensor], torch.Tensor]], failure: Callable[[Exception], str],
+            ready: bool = True, stacklevel: int = 1) -> torch.Tensor:
+        """fn(x) eagerly or as a replay of the graph that `capture()` makes, as the policy says. `params` and
+        `extra` go into the signature; `failure(err)` is the warning's text when a capture fails, and `stacklevel`
+        what run's caller would pass to warnings.warn for it."""
+        dispatch.poll()
+        key = signature(x, params, *extra)
+        graph = self.graphs.get(key)
+        if graph is not None and graph.generation == dispatch.generation():
+            self.graphs.move_to_end(key)
+            return graph(x)
+        if graph is not None:  # captured with decisions that tuning has replaced since: capture again now
+            del self.graphs[key]
+        elif key in self.failed:
+            return fn(x)
+        elif key not in self.seen or not ready:
+            self.seen[key] = None
+            if len(self.seen) > self.max_seen:
+                self.seen.popitem(last=False)
+            return eager_before_capture(fn, x)
+        try:
+            graph = capture()
+        except Exception as err:  # noqa: BLE001 - any capture problem: this signature stays eager
+            self.failed.add(key)
+            warnings.warn(failure(err), RuntimeWarning, stacklevel=stacklevel + 1)
+            return fn(x)
+        self.graphs[key] = graph
+        if len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        return graph(x)
+
+
 class GraphCache:
     """Runs fn(x) as a CUDA-graph replay from the second call with the same signature on; the first call runs
     eagerly, so a one-off shape costs no capture. TAESD.encode / decode use one each (`TAESD.cuda_graphs`).
@@ -148,21 +216,17 @@ class GraphCache:
     (`dispatch.poll`), and when that changed decisions since the capture (`dispatch.generation()` moved), the call
     captures again at once, so the tuned kernels replace cuDNN in the replay without any action from the user.
     The `max_graphs` most recently used graphs are kept (each holds its own memory pool). A signature whose capture
-    fails (an op that cannot be captured, out of memory) stays eager, with one warning."""
+    fails (an op that cannot be captured, out of memory) stays eager, with one warning. (`CapturePolicy`.)"""
 
     def __init__(self, max_graphs: int = 3):
         self.max_graphs = max_graphs
-        self._graphs: OrderedDict = OrderedDict()
-        self._seen: OrderedDict = OrderedDict()  # signatures called once, most recent last
-        self._failed: set = set()
+        self._policy = CapturePolicy(max_graphs, max_seen=64)
 
     def clear(self) -> None:
-        self._graphs.clear()
-        self._seen.clear()
-        self._failed.clear()
+        self._policy.clear()
 
     def __len__(self) -> int:
-        return len(self._graphs)
+        return len(self._policy)
 
     # Copies and pickles of a model start with no graphs (a captured graph cannot be copied or saved).
     def __deepcopy__(self, memo) -> "GraphCache":
@@ -183,29 +247,7 @@ class GraphCache:
         return self._call(fn, x, params)
 
     def _call(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
-        dispatch.poll()
-        key = signature(x, params)
-        graphed = self._graphs.get(key)
-        if graphed is not None and graphed.generation == dispatch.generation():
-            self._graphs.move_to_end(key)
-            return graphed(x)
-        if graphed is not None:  # captured with decisions that tuning has replaced since: capture again now
-            del self._graphs[key]
-        elif key in self._failed:
-            return fn(x)
-        elif key not in self._seen:
-            self._seen[key] = None
-            if len(self._seen) > 64:
-                self._seen.popitem(last=False)
-            return eager_before_capture(fn, x)
-        try:
-            graphed = CUDAGraphed(fn, x)
-        except Exception as e:  # noqa: BLE001 - any capture problem: this signature stays eager
-            self._failed.add(key)
-            warnings.warn(f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "
-                          f"({type(e).__name__}: {e}); these calls stay eager", RuntimeWarning, stacklevel=3)
-            return fn(x)
-        self._graphs[key] = graphed
-        if len(self._graphs) > self.max_graphs:
-            self._graphs.popitem(last=False)
-        return graphed(x)
+        return self._policy.run(
+            fn, x, params, (), capture=lambda: CUDAGraphed(fn, x), stacklevel=3,
+            failure=lambda e: (f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "
+                               f"({type(e).__name__}: {e}); these calls stay eager"))

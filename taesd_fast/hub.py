@@ -15,7 +15,7 @@ from pathlib import Path
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 from .resources import weights_dir
 from .validation import user_stacklevel
-from .weights_io import StateDict, WeightsError, from_diffusers, read_state_dict, reader_reason
+from .weights_io import StateDict, WeightsError, from_diffusers, read_state_dict, reader_reason, state_differences
 
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
 DIFFUSERS_CONFIG = "config.json"
@@ -316,25 +316,9 @@ def require_repo_id(name: str | os.PathLike, example: str = "madebyollin/taesd")
     return name
 
 
-def _shapes(state: StateDict) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in state.items()}
-
-
 def _differences(arch: Architecture, part: str, state: StateDict) -> dict[str, list[str]]:
     """What differs between `state` and `arch`'s encoder/decoder: {kind of difference: keys}, empty when it fits."""
-    import torch
-
-    with torch.device("meta"):
-        module = build_encoder(arch) if part == "encoder" else build_decoder(arch)
-    expected = _shapes(module.state_dict())
-    got = _shapes(state)
-    found = {
-        "missing keys": sorted(set(expected) - set(got)),
-        "unexpected keys": sorted(set(got) - set(expected)),
-        "shape mismatches": [f"{k}: {got[k]} vs {expected[k]}" for k in sorted(set(got) & set(expected))
-                             if got[k] != expected[k]],
-    }
-    return {label: items for label, items in found.items() if items}
+    return state_differences(state, build_encoder if part == "encoder" else build_decoder, arch)
 
 
 def _architecture_mismatch(arch: Architecture, part: str, state: StateDict) -> str | None:

@@ -13,11 +13,9 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from .hub import OFFLINE_HINT, HubFiles, require_repo_id
 from .taehv_layers import ENCODER_WIDTH, IMAGE_CHANNELS, TAEHVArch, build_decoder, build_encoder
-from .weights_io import StateDict, WeightsError, read_state_dict
+from .weights_io import StateDict, WeightsError, read_state_dict, state_differences
 
 HUB_REPO = "madebyollin/taehv"
 _LTX = TAEHVArch(128, 4, encoder_time=(2, 2, 2), decoder_time=(2, 2, 2))
@@ -122,17 +120,7 @@ def detect(encoder: StateDict | None, decoder: StateDict | None, source: str) ->
 
 def check_fits(arch: TAEHVArch, part: str, state: StateDict, source: str) -> None:
     """Every key and shape of `state` must be those of `arch`'s encoder / decoder."""
-    with torch.device("meta"):
-        module = build_encoder(arch) if part == "encoder" else build_decoder(arch)
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    problems = {
-        "missing keys": sorted(set(expected) - set(got)),
-        "unexpected keys": sorted(set(got) - set(expected)),
-        "shape mismatches": [f"{k}: {got[k]} vs {expected[k]}" for k in sorted(set(got) & set(expected))
-                             if got[k] != expected[k]],
-    }
-    problems = {label: items for label, items in problems.items() if items}
+    problems = state_differences(state, build_encoder if part == "encoder" else build_decoder, arch)
     if problems:
         detail = "; ".join(f"{len(v)} {label} (e.g. {', '.join(f'{part}.{x}' for x in v[:3])})"
                            for label, v in problems.items())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -19,18 +18,41 @@ class StreamState:
     signature: tuple  # (batch, height, width, dtype, device, preview) of the inputs it was made for
     memory: list = field(repr=False)
     steps: int = 0
-    _graph: object = field(default=None, repr=False)
-    _seen: object = field(default=None, repr=False)
-    _failed: object = field(default=None, repr=False)  # the key whose capture failed: it stays eager
+    # One graph per stream (it reads and writes this state's memory); a step seen once runs eagerly.
+    _graphs: graphs.CapturePolicy = field(default_factory=lambda: graphs.CapturePolicy(max_graphs=1, max_seen=1),
+                                          repr=False)
+
+    @property
+    def _graph(self) -> "_Graph | None":
+        """The step's captured graph, if any."""
+        return self._graphs.latest()
 
 
 @dataclass
 class _Graph:
-    key: tuple
     generation: int  # dispatch.generation() when captured: tuning since then makes the graph stale
     input: torch.Tensor
     replay: object
     output: torch.Tensor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.input.copy_(x)
+        self.replay()
+        return self.output.clone()
+
+
+def _capture(step, x: torch.Tensor, memory: list) -> _Graph:
+    """step captured for x's shape. Capturing runs the step (warm-up) on the state's memory: it is kept and put
+    back, whether the capture succeeds or fails, so the real step continues the stream where it was."""
+    saved = [m.clone() for m in memory]
+    static = x.clone()
+    generation = dispatch.generation()  # read before the warm-up decides: a later change makes the graph stale
+    try:
+        replay, output = graphs.capture(lambda: step(static))
+    finally:
+        for m, s in zip(memory, saved):
+            m.copy_(s)
+    return _Graph(generation, static, replay, output)
 
 
 def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -> torch.Tensor:
@@ -41,37 +63,12 @@ def graphed_step(step, x: torch.Tensor, params: list, state: StreamState, tag) -
     versions; and `tag`, e.g. the uint8 output flag): a change runs eagerly once and then captures anew. Each step
     first picks up what the tuning process has answered (`dispatch.poll`); when that changed decisions since the
     capture, the step captures again with the tuned kernels. Where capture fails (with one warning), the step runs
-    eagerly. Returns a fresh tensor."""
-    dispatch.poll()
-    key = graphs.signature(x, params, tag)
-    graph = state._graph
-    if graph is not None and graph.key == key and graph.generation == dispatch.generation():
-        graph.input.copy_(x)
-        graph.replay()
-        return graph.output.clone()
-    stale = graph is not None and graph.key == key  # tuned since the capture: capture again now
-    if state._failed == key or (not stale and (state._seen != key or any(m is None for m in state.memory))):
-        state._seen = key  # a shape's first call runs eagerly
-        return graphs.eager_before_capture(step, x)
-    # Capturing runs the step (warm-up) on the state's memory: keep it and put it back before the real step.
-    saved = [m.clone() for m in state.memory]
-    static = x.clone()
-    generation = dispatch.generation()  # read before the warm-up decides: a later change makes the graph stale
-    try:
-        replay, output = graphs.capture(lambda: step(static))
-    except Exception as err:  # noqa: BLE001 - a failed capture: this stream's steps run eagerly
-        for m, s in zip(state.memory, saved):
-            m.copy_(s)
-        state._failed = key
-        warnings.warn(f"taesd_fast: CUDA-graph capture of a TAEHV step failed for input {tuple(x.shape)} "
-                      f"({type(err).__name__}: {err}); this stream's steps stay eager", RuntimeWarning, stacklevel=3)
-        return graphs.eager_before_capture(step, x)
-    for m, s in zip(state.memory, saved):
-        m.copy_(s)
-    state._graph = _Graph(key, generation, static, replay, output)
-    static.copy_(x)
-    replay()
-    return output.clone()
+    eagerly (`graphs.CapturePolicy`). Returns a fresh tensor."""
+    return state._graphs.run(
+        step, x, params, (tag,), capture=lambda: _capture(step, x, state.memory), stacklevel=3,
+        ready=all(m is not None for m in state.memory),  # the first step makes the memory: eager
+        failure=lambda err: (f"taesd_fast: CUDA-graph capture of a TAEHV step failed for input {tuple(x.shape)} "
+                             f"({type(err).__name__}: {err}); this stream's steps stay eager"))
 
 
 def replayable(x: torch.Tensor) -> bool:

@@ -7,6 +7,7 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -50,6 +51,23 @@ def read_state_dict(path: str | os.PathLike, keys: list[str] | None = None) -> S
     if keys is not None:
         state = {k: state[k] for k in keys if k in state}
     return dict(state)
+
+
+def state_differences(state: StateDict, build: Callable[..., torch.nn.Module], *args) -> dict[str, list[str]]:
+    """What differs between `state` and the state_dict of `build(*args)` (built on the meta device: no memory, no
+    init): {"missing keys" | "unexpected keys" | "shape mismatches": items}, only the kinds found, each sorted by
+    key; empty when every key and shape fits. Shape mismatches read "key: (got) vs (expected)"."""
+    with torch.device("meta"):
+        module = build(*args)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    found = {
+        "missing keys": sorted(set(expected) - set(got)),
+        "unexpected keys": sorted(set(got) - set(expected)),
+        "shape mismatches": [f"{k}: {got[k]} vs {expected[k]}" for k in sorted(set(got) & set(expected))
+                             if got[k] != expected[k]],
+    }
+    return {label: items for label, items in found.items() if items}
 
 
 def _unreadable(path: Path, err: Exception) -> WeightsError:

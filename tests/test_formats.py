@@ -19,7 +19,7 @@ from conftest import populate_hub_cache
 from safetensors.torch import load_file, save_file
 
 from taesd_fast import TAESD
-from taesd_fast.weights_io import from_diffusers, to_diffusers
+from taesd_fast.weights_io import from_diffusers, state_differences, to_diffusers
 
 REPO = "madebyollin/taef2"
 
@@ -363,3 +363,16 @@ def test_download_of_encoder_only_asks_for_no_decoder(files, hub_reachable):
         model = TAESD.from_pretrained(REPO, decoder=False)
     assert model.decoder is None and model.encoder is not None
     assert not any("decoder" in _arg(c, "filename", 1) for c in fake.call_args_list)
+
+
+def test_state_differences_lists_each_kind_once_sorted():
+    """The one key-and-shape comparison behind TAESD's and TAEHV's weight checks: missing, unexpected and
+    mismatched keys against a module built on the meta device; nothing when the state fits."""
+    build = lambda: torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 4))  # noqa: E731
+    fits = {k: torch.zeros(v.shape) for k, v in build().state_dict().items()}
+    assert state_differences(fits, build) == {}
+    state = dict(fits, **{"1.bias": torch.zeros(5), "2.weight": torch.zeros(1)})
+    del state["0.weight"]
+    assert state_differences(state, build) == {
+        "missing keys": ["0.weight"], "unexpected keys": ["2.weight"], "shape mismatches": ["1.bias: (5,) vs (4,)"]}
+    assert state_differences({"weight": torch.zeros(4, 2), "bias": torch.zeros(4)}, torch.nn.Linear, 2, 4) == {}

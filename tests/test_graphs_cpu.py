@@ -91,8 +91,9 @@ def test_graph_cache_stays_eager_where_capture_fails(monkeypatch):
     monkeypatch.setattr(graphs, "_replayable", lambda x, params: True)
     cache, x = graphs.GraphCache(), torch.randn(2)
     cache(lambda t: t, x, [])
-    with pytest.warns(RuntimeWarning, match=r"capture failed for input \(2,\).*stay eager"):
+    with pytest.warns(RuntimeWarning, match=r"capture failed for input \(2,\).*stay eager") as record:
         cache(lambda t: t, x, [])
+    assert record[0].filename == __file__  # the warning names the cache's caller
     monkeypatch.setattr(graphs, "CUDAGraphed", lambda *a: pytest.fail("no second capture attempt"))
     assert torch.equal(cache(lambda t: t + 1, x, []), x + 1)
 

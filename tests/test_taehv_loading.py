@@ -236,9 +236,7 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
         captures.append(output.shape)
         return (lambda: output.copy_(fn())), output
 
-    monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
-    monkeypatch.setattr(taehv_stream.graphs, "capture", fake_capture)
-    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    _fake_cuda_steps(monkeypatch, fake_capture)
     latents = torch.randn(1, 8, 48, *HW)
     whole = w22.decode_video(latents)
     frames, state = [], None
@@ -254,3 +252,32 @@ def test_graph_replay_logic_equals_eager_streaming(w22, monkeypatch):
     torch.testing.assert_close(torch.cat(frames, 1), whole, rtol=0, atol=1e-6)
     # A replay returns a fresh tensor: the next replay must not overwrite what the caller holds.
     assert frames[-1].data_ptr() != state._graph.output.data_ptr()
+
+
+def test_a_failed_step_capture_warns_once_and_the_stream_stays_eager(w22, monkeypatch):
+    """A capture that fails after its warm-up ran (and changed the state's memory) puts the memory back: the
+    stream still equals decode_video. It warns once; later steps run eagerly with no second attempt."""
+    attempts = []
+
+    def failing_capture(fn):
+        fn(), fn()  # the warm-up changes the memory before the capture fails
+        attempts.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    _fake_cuda_steps(monkeypatch, failing_capture)
+    latents = torch.randn(1, 5, 48, *HW)
+    frames, state = [], None
+    with pytest.warns(RuntimeWarning, match=r"capture of a TAEHV step failed for input \(1, 48, 2, 3\) "
+                                             r"\(RuntimeError: .*\); this stream's steps stay eager") as record:
+        for t in range(5):
+            out, state = w22.decode_step(latents[:, t], state)
+            frames.append(out)
+    assert len(record) == 1 and attempts == [1] and state._graph is None
+    torch.testing.assert_close(torch.cat(frames, 1), w22.decode_video(latents), rtol=0, atol=1e-6)
+
+
+def _fake_cuda_steps(monkeypatch, capture) -> None:
+    """Streaming steps on CPU take the CUDA-graph path, with `capture` standing in for graphs.capture."""
+    monkeypatch.setattr(taehv_module, "replayable", lambda x: True)
+    monkeypatch.setattr(taehv_stream.graphs, "capture", capture)
+    monkeypatch.setattr(taehv_module.torch.cuda, "device", lambda device: contextlib.nullcontext())
