@@ -5,6 +5,7 @@ from a private generator, never from the caller's RNG."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -184,7 +185,4 @@ def bytes_needed(spec: Spec, meta: tuple) -> int:
 
 
 def _nbytes(shape, dtype: torch.dtype) -> int:
-    n = torch.empty((), dtype=dtype).element_size()
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape) * dtype.itemsize

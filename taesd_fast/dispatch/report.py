@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import decide
-from .spec import fmt_shape
+from .spec import dtype_name, fmt_shape
 
 
 def tune(fn: Callable, *args, **kwargs):
@@ -38,7 +38,7 @@ def dispatch_table(model: nn.Module) -> str:
                                          (res, spec.residual), ("relu", spec.relu),
                                          (f"unpatchify{spec.patch}", spec.patch)) if on)
         times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
-        rows.append([name, fmt_shape(spec.x_shape), fmt_shape(spec.w_shape), str(spec.dtype).replace("torch.", ""),
+        rows.append([name, fmt_shape(spec.x_shape), fmt_shape(spec.w_shape), dtype_name(spec.dtype),
                      str(spec.stride), flags or "-", spec.layout, r.choice, r.why, times or "-"])
     head = ["layer", "input", "weight", "dtype", "s", "epilogue", "layout", "choice", "why", "median ms"]
     mode = decide.get_backend()

@@ -40,7 +40,7 @@ class Spec:
         flags = "".join(f for f, on in (("b", self.bias), ("r", self.residual), ("R", self.relu)) if on) or "-"
         return (f"{gpu}|torch{torch.__version__}|src{kernel_env.sources_hash()}|t{TIMING_METHOD}|{self.kind}|"
                 f"x{fmt_shape(self.x_shape)}|w{fmt_shape(self.w_shape)}|"
-                f"{str(self.dtype).replace('torch.', '')}|s{self.stride}|{flags}|{self.layout}"
+                f"{dtype_name(self.dtype)}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
                 + (f"|p{self.patch}" if self.patch else "") + ("|graph" if graph else ""))
 
@@ -102,14 +102,15 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float16" for torch.float16: how timings keys, dispatch tables and the tuning process's messages spell it."""
     return str(dtype).replace("torch.", "")
 
 
 def spec_to_json(spec: Spec) -> dict:
     """A Spec as plain JSON values (what the tuning process is sent)."""
     out = dict(spec.__dict__)
-    out["dtype"] = _dtype_name(spec.dtype)
+    out["dtype"] = dtype_name(spec.dtype)
     return out
 
 
@@ -123,7 +124,7 @@ def spec_from_json(data: dict) -> Spec:
 
 def meta_to_json(meta: tuple) -> list:
     """args_meta as JSON: a tensor as {"shape", "stride", "dtype", "device"}, numbers, booleans and None as they are."""
-    return [{"shape": list(m.shape), "stride": list(m.stride), "dtype": _dtype_name(m.dtype), "device": m.device}
+    return [{"shape": list(m.shape), "stride": list(m.stride), "dtype": dtype_name(m.dtype), "device": m.device}
             if isinstance(m, TensorMeta) else m for m in meta]
 
 

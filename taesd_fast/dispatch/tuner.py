@@ -103,6 +103,7 @@ class _Worker:
             pass
 
     def _read(self) -> None:
+        global _peak_mb
         fd = self.answers.fileno()
         while True:
             ready, _, _ = select.select([fd], [], [], 1.0)
@@ -123,7 +124,6 @@ class _Worker:
                 self.running = (message["id"], time.monotonic())
                 continue
             with _cv:
-                global _peak_mb
                 _peak_mb = max(_peak_mb, float(message.get("peak_mb") or 0.0))
                 self.running = None
                 job = self.jobs.pop(message["id"], None)
@@ -146,7 +146,7 @@ class _Worker:
                 if error is None and job.epoch == _epoch:
                     _send(job)  # to a new process (no CUDA here: a Popen and a pipe write)
                 else:
-                    results.append((job, {"error": error, "ms": {}, "failed": {}}, time.monotonic()))
+                    _fail(job, error)
             _idle.add(self.device)
             _cv.notify_all()
         self.answers.close()
@@ -201,14 +201,17 @@ def _send(job: _Job) -> None:
             try:
                 worker = _workers[job.spec.device] = _Worker(job.spec.device)
             except OSError as e:
-                results.append((job, {"error": f"could not start the tuning process: {e}", "ms": {}, "failed": {}},
-                                time.monotonic()))
+                _fail(job, f"could not start the tuning process: {e}")
                 return
         if worker.send(job, message):
             return
         _workers.pop(job.spec.device, None)
-    results.append((job, {"error": "the tuning process did not take the job", "ms": {}, "failed": {}},
-                    time.monotonic()))
+    _fail(job, "the tuning process did not take the job")
+
+
+def _fail(job: _Job, error: str) -> None:
+    """Under _cv: the job's answer is a failure (its calls keep running PyTorch)."""
+    results.append((job, {"error": error, "ms": {}, "failed": {}}, time.monotonic()))
 
 
 def poll() -> None:
