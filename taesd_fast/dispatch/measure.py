@@ -61,8 +61,13 @@ def fresh_args(kind: str, meta: tuple) -> tuple:
         return _fresh(x, gen), _fresh(w, gen, _fan_in(w)), _fresh(b, gen, 0.1)
 
 
+def error_line(e: Exception, limit: int = 200) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"
+
+
 def _why(prefix: str, e: Exception) -> str:
-    return f"{prefix}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
+    return f"{prefix}: {error_line(e, 120)}"
 
 
 def _sync() -> None:

@@ -189,7 +189,9 @@ def main(argv: list[str]) -> int:
         try:
             reply, error = tune(job), None
         except Exception as e:  # noqa: BLE001 - reported to the parent, whose calls keep running PyTorch
-            reply, error = {"ms": {}, "failed": {}}, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            from .measure import error_line
+
+            reply, error = {"ms": {}, "failed": {}}, error_line(e)
         send(event="done", id=job["id"], error=error, idle=inbox.idle(), peak_mb=_peak_mb(), **reply)
 
 

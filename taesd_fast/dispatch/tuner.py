@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .. import kernel_env
-from . import decide, store, table
+from . import decide, measure, store, table
 from .spec import Spec, meta_to_json, spec_to_json
 
 JOB_TIMEOUT_S = float(os.environ.get("TAESD_FAST_TUNING_TIMEOUT_S", 300))
@@ -244,7 +244,7 @@ def collect() -> bool:
         try:
             rec = _decide(job, answer) if error is None else None
         except Exception as e:  # noqa: BLE001 - deciding (importing a kernel module) failed here: PyTorch
-            error, rec = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}", None
+            error, rec = measure.error_line(e), None
         if rec is None:
             rec = decide.provisional(spec)
             rec.why = f"PyTorch: tuning failed ({error})"

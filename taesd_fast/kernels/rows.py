@@ -137,9 +137,7 @@ def _import_all() -> None:
             pass
     try:
         from triton.runtime.cache import triton_key  # Triton's private helper; cached per process
-    except Exception:  # noqa: BLE001 - absent or moved: the first compile or load computes it
-        return
-    try:
+
         triton_key()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - absent or moved: the first compile or load computes it
         pass
