@@ -11,7 +11,7 @@ Decode a lip-sync generator's latents ([N, 32, 32, 32] for the 256² face crops,
 
 The same from Python:
     from taesd_fast import TAESD
-    from taesd_fast.lipsync import Box, lipsync_video
+    from taesd_fast.apps.lipsync import Box, lipsync_video
     model = TAESD.from_pretrained(encoder=False, device="cuda", dtype=torch.float16)
     stats = lipsync_video("talk.mp4", "out.mp4", model, box=Box(300, 120, 556, 376), latents="faces.safetensors")
     print(stats.summary())
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taesd_fast.cli import add_lipsync_arguments, cmd_lipsync, run_command
+from taesd_fast.apps.cli import add_lipsync_arguments, cmd_lipsync, run_command
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,13 @@ Importing this package never initialises CUDA or compiles anything; kernels are 
 """
 
 from ._backend import kernels_available, kernels_unavailable_reason
-from .diffusers_compat import AutoencoderTinyFast
+from .models.taesd.diffusers import AutoencoderTinyFast
 from .dispatch import backend, set_backend, set_tuning, tuning
 from .graphs import CUDAGraphed
-from .head import OutputHead
-from .taesd import TAESD
-from .taehv import TAEHV
-from .tiling import decode_tiled, encode_tiled
+from .models.head.model import OutputHead
+from .models.taesd.model import TAESD
+from .models.taehv.model import TAEHV
+from .models.taesd.tiling import decode_tiled, encode_tiled
 
 __all__ = [
     "TAESD", "TAEHV", "OutputHead", "AutoencoderTinyFast", "CUDAGraphed", "decode_tiled", "encode_tiled",

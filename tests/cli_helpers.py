@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from taesd_fast import TAESD
-from taesd_fast.cli import main
-from taesd_fast.weights_io import save_safetensors
+from taesd_fast.apps.cli import main
+from taesd_fast.models.weights_io import save_safetensors
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ASSET = REPO_ROOT / "examples" / "assets" / "monalisa.jpg"

@@ -68,7 +68,7 @@ def _upstream_pth_from_bundled(folder: Path, part: str) -> Path:
 
     from safetensors.torch import load_file
 
-    from taesd_fast import hub
+    from taesd_fast.models.taesd import hub
 
     state = load_file(str(hub.BUNDLED_DIR / f"taef2_{part}.safetensors"))
     path = folder / f"taef2_{part}.pth"
@@ -221,9 +221,9 @@ def hub_offline(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def fresh_hub_probe(monkeypatch):
-    """Each test starts without the process's remembered answer of the Hub probe (taesd_fast.hub), so one test's
-    network (or a test's fake) does not decide for the next."""
-    from taesd_fast import hub
+    """Each test starts without the process's remembered answer of the Hub probe (taesd_fast.models.taesd.hub), so
+    one test's network (or a test's fake) does not decide for the next."""
+    from taesd_fast.models.taesd import hub
 
     monkeypatch.setattr(hub, "_hub_answers", {})
 
@@ -234,7 +234,7 @@ def hub_reachable(monkeypatch):
     Hub."""
     from huggingface_hub import constants
 
-    from taesd_fast import hub
+    from taesd_fast.models.taesd import hub
 
     monkeypatch.setattr(hub, "_hub_answers", {constants.ENDPOINT: None})
 

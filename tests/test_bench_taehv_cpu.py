@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import rel_err
 
-from taesd_fast import bench
-from taesd_fast.bench_taehv import (WORKLOADS, PlainTAEHVDecoder, decoder_flop, plain_decoder_like, random_decoder,
+from taesd_fast.apps.bench import cli as bench
+from taesd_fast.apps.bench.taehv import (WORKLOADS, PlainTAEHVDecoder, decoder_flop, plain_decoder_like, random_decoder,
                                     require_cuda, section, withhold_if_wrong)
 
 # fp32 CPU convs in two different orders (TAEHV runs TGrow before the upsample and fuses ReLUs): ~1e-7 in practice;
@@ -112,7 +112,7 @@ def test_section_dry_run_on_cpu(monkeypatch, capsys):
     """The section's whole orchestration (setup, references, every row, the stream peak, a torch.compile that
     fails, the table) on tiny workloads, with the CUDA-only calls stubbed: the GPU run is one device call, so a
     slip in this code must show here first. Timing is stubbed (1 ms per call); errors are real."""
-    import taesd_fast.bench_taehv as bt
+    import taesd_fast.apps.bench.taehv as bt
 
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)

@@ -19,8 +19,8 @@ Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need P
 
 from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
 from conftest import IMAGE_NAMES, PHOTOS  # noqa: E402
-from taesd_fast.cli import main  # noqa: E402
-from taesd_fast.latents_io import load_latents, save_latents  # noqa: E402
+from taesd_fast.apps.cli import main  # noqa: E402
+from taesd_fast.apps.latents_io import load_latents, save_latents  # noqa: E402
 SUBCOMMANDS = ("encode", "decode", "roundtrip", "lipsync", "bench", "info")
 
 
@@ -42,7 +42,7 @@ def taesd4_weights(tmp_path_factory) -> Path:
 
 def test_help_runs_as_a_module_in_a_subprocess():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-m", "taesd_fast.cli", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "taesd_fast.apps.cli", "--help"], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     for command in SUBCOMMANDS:
@@ -248,7 +248,7 @@ def test_several_inputs_need_an_output_directory(capsys, image, tmp_path):
 
 
 def test_lipsync_defaults_to_the_demo_clip(capsys, tmp_path):
-    from taesd_fast.facebox import DEMO_CLIP
+    from taesd_fast.apps.facebox import DEMO_CLIP
 
     av = pytest.importorskip("av")
     code, out, _ = run(capsys, "lipsync", "-o", tmp_path / "demo.mp4", "--max-frames", "2", "--batch-size", "2")
@@ -323,7 +323,7 @@ def test_bad_device_is_a_user_error(capsys):
 
 
 def test_bench_forwards_its_arguments(capsys, monkeypatch):
-    bench = pytest.importorskip("taesd_fast.bench")
+    bench = pytest.importorskip("taesd_fast.apps.bench.cli")
     seen = []
     monkeypatch.setattr(bench, "main", lambda argv=None, prog=None: seen.append((argv, prog)) or 0)
     assert main(["bench", "--sections", "conv", "--help"]) == 0
@@ -331,7 +331,7 @@ def test_bench_forwards_its_arguments(capsys, monkeypatch):
 
 
 def test_bench_help_says_it_needs_a_cuda_gpu(capsys):
-    pytest.importorskip("taesd_fast.bench")
+    pytest.importorskip("taesd_fast.apps.bench.cli")
     for argv in (["--help"], ["bench", "--help"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
@@ -340,7 +340,7 @@ def test_bench_help_says_it_needs_a_cuda_gpu(capsys):
 
 
 def test_bench_on_a_cpu_checks_its_arguments_first(capsys, monkeypatch):
-    pytest.importorskip("taesd_fast.bench")
+    pytest.importorskip("taesd_fast.apps.bench.cli")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, even where a GPU is present
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--sections", "conv,bogus"])

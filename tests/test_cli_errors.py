@@ -14,14 +14,14 @@ import torch
 pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
 from cli_helpers import REPO_ROOT, assert_user_error, random_weights_folder, run, small_image  # noqa: E402
-from taesd_fast.cli import main  # noqa: E402
+from taesd_fast.apps.cli import main  # noqa: E402
 
 DEMO_CLIP = REPO_ROOT / "examples" / "assets" / "sun_3s.mp4"
 
 
 def cli_subprocess(*args: str, **kwargs) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.Popen([sys.executable, "-m", "taesd_fast.cli", *args], env=env, **kwargs)
+    return subprocess.Popen([sys.executable, "-m", "taesd_fast.apps.cli", *args], env=env, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ --debug
@@ -79,7 +79,7 @@ def test_a_folder_without_images_is_a_one_line_error(capsys, tmp_path):
 
 
 def test_weights_given_as_a_file(capsys, tmp_path):
-    from taesd_fast.hub import BUNDLED_DIR
+    from taesd_fast.models.taesd.hub import BUNDLED_DIR
 
     image = small_image(tmp_path / "in.png")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--weights",
@@ -90,7 +90,7 @@ def test_weights_given_as_a_file(capsys, tmp_path):
 
 def test_cli_suggests_flags_and_real_sources(capsys, tmp_path):
     """The CLI says --variant, not variant=, and never suggests madebyollin/taesana (not a Hub repo)."""
-    from taesd_fast.hub import BUNDLED_DIR
+    from taesd_fast.models.taesd.hub import BUNDLED_DIR
 
     image = small_image(tmp_path / "in.png")
     code, _, err = run(capsys, "roundtrip", image, "-o", tmp_path / "out", "--variant", "taesana")
@@ -172,7 +172,7 @@ def write_smooth_video(av, path: Path, width: int, height: int, frames: int) -> 
 def test_lipsync_pads_an_odd_sized_video_for_h264(capsys, av, tmp_path):
     import numpy as np
 
-    from taesd_fast.lipsync import read_frames
+    from taesd_fast.apps.lipsync import read_frames
 
     source = tmp_path / "odd.mkv"
     frames = write_smooth_video(av, source, 67, 45, 3)
@@ -202,7 +202,7 @@ def test_a_closed_stdout_ends_quietly():
 
 def test_info_into_head_in_a_shell():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run(f"'{sys.executable}' -m taesd_fast.cli info | head -1", shell=True, capture_output=True,
-                            text=True, env=env, timeout=300)
+    result = subprocess.run(f"'{sys.executable}' -m taesd_fast.apps.cli info | head -1", shell=True,
+                            capture_output=True, text=True, env=env, timeout=300)
     assert result.stdout.startswith("taesd_fast ") and result.stdout.count("\n") == 1
     assert result.stderr == "", result.stderr

@@ -1,5 +1,5 @@
 """The CLI never writes over a file it reads, never over an existing file without --overwrite, checks every output
-before writing any, and writes each output whole or not at all (taesd_fast.output_files)."""
+before writing any, and writes each output whole or not at all (taesd_fast.apps.output_files)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need Pillow (taesd_fast[media])")
 
 from cli_helpers import assert_user_error, run, small_image  # noqa: E402
-from taesd_fast.output_files import atomic_write, check_outputs  # noqa: E402
+from taesd_fast.apps.output_files import atomic_write, check_outputs  # noqa: E402
 
 
 def files_in(folder: Path) -> dict[str, bytes]:
@@ -84,7 +84,7 @@ def test_every_output_is_checked_before_any_is_written(capsys, tmp_path):
 
 
 def test_a_failed_write_leaves_the_previous_output_intact(capsys, tmp_path, monkeypatch):
-    import taesd_fast.media as media
+    import taesd_fast.apps.media as media
 
     image = small_image(tmp_path / "in.png")
     out = tmp_path / "out.png"
@@ -146,7 +146,7 @@ def test_an_output_under_a_file_is_a_one_line_error(capsys, tmp_path):
 
 def test_lipsync_never_writes_over_its_video(capsys, tmp_path):
     pytest.importorskip("av")
-    from taesd_fast.facebox import DEMO_CLIP
+    from taesd_fast.apps.facebox import DEMO_CLIP
 
     video = tmp_path / "clip.mp4"
     video.write_bytes(DEMO_CLIP.read_bytes())
@@ -160,7 +160,7 @@ def test_lipsync_never_writes_over_its_video(capsys, tmp_path):
 def test_the_weights_the_command_reads_are_inputs_too(capsys, tmp_path, monkeypatch):
     """`encode -o DIR/taef2_encoder.safetensors --weights DIR --overwrite` replaced the weights it was reading; the
     bundled weights (no --weights) are as safe."""
-    from taesd_fast import hub
+    from taesd_fast.models.taesd import hub
 
     image = small_image(tmp_path / "in.png")
     folder = tmp_path / "w"

@@ -12,8 +12,8 @@ Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need P
 
 from cli_helpers import run, small_image  # noqa: E402
 from taesd_fast import TAESD  # noqa: E402
-from taesd_fast.cli import main  # noqa: E402
-from taesd_fast.latents_io import load_latents  # noqa: E402
+from taesd_fast.apps.cli import main  # noqa: E402
+from taesd_fast.apps.latents_io import load_latents  # noqa: E402
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import torch
 from conftest import populate_hub_cache
 
 from taesd_fast import TAESD, dispatch
-from taesd_fast.diffusers_compat import AutoencoderTinyFast, architecture_config
-from taesd_fast.weights_io import WeightsError, to_diffusers
+from taesd_fast.models.taesd.diffusers import AutoencoderTinyFast, architecture_config
+from taesd_fast.models.weights_io import WeightsError, to_diffusers
 
 TOL = 1e-5  # fp32 CPU, same convolutions in the same order: measured differences are 0
 
@@ -149,7 +149,7 @@ def test_pipeline_vae_swap(diffusers):
     z = torch.randn(1, 4, 8, 12)
     expected = pipe(z)
     pipe.vae = AutoencoderTinyFast.from_diffusers(ref)  # the `pipe.vae = ...` drop-in
-    assert pipe.config["vae"] == ("taesd_fast.diffusers_compat", "AutoencoderTinyFast")
+    assert pipe.config["vae"] == ("taesd_fast.models.taesd.diffusers", "AutoencoderTinyFast")
     assert pipe.components["vae"] is pipe.vae
     pipe.to(torch.float32)
     assert pipe.dtype == torch.float32 and pipe.device == torch.device("cpu")
@@ -299,8 +299,8 @@ def tiny_wan(diffusers, wan22: bool):
 
 @pytest.mark.parametrize("wan22", [True, False], ids=["wan2.2", "wan2.1"])
 def test_patch_wan_vae_decodes_like_diffusers(diffusers, wan22, monkeypatch):
-    from taesd_fast.diffusers_compat import patch_wan_vae
-    from taesd_fast.wan_diffusers import FastWanHeadConv
+    from taesd_fast.models.taesd.diffusers import patch_wan_vae
+    from taesd_fast.models.head.diffusers import FastWanHeadConv
 
     vae = tiny_wan(diffusers, wan22)
     with torch.no_grad():
@@ -330,7 +330,7 @@ def test_patched_wan_vae_tiled_decode(diffusers):
     """diffusers' tiled_decode blends tiles before its clamp; the patched head clamps each tile first. Both agree
     when nothing saturates (checked here); where a tile exceeds [-1, 1] inside a blend band they differ (see
     wan_diffusers' docstring)."""
-    from taesd_fast.diffusers_compat import patch_wan_vae
+    from taesd_fast.models.taesd.diffusers import patch_wan_vae
 
     vae = tiny_wan(diffusers, True)
     with torch.no_grad():
@@ -349,7 +349,7 @@ def test_patched_wan_vae_tiled_decode(diffusers):
 
 def test_patched_wan_vae_follows_its_parameters(diffusers):
     """load_state_dict (also assign=True, as offload hooks replace Parameters) and .to() reach the head."""
-    from taesd_fast.diffusers_compat import patch_wan_vae
+    from taesd_fast.models.taesd.diffusers import patch_wan_vae
 
     vae, ref = tiny_wan(diffusers, True), tiny_wan(diffusers, True)
     with torch.no_grad():
@@ -366,7 +366,7 @@ def test_patched_wan_vae_follows_its_parameters(diffusers):
 
 
 def test_patch_wan_vae_rejects_other_models(diffusers, taef2):
-    from taesd_fast.diffusers_compat import patch_wan_vae
+    from taesd_fast.models.taesd.diffusers import patch_wan_vae
 
     with pytest.raises(TypeError, match="expects a diffusers AutoencoderKLWan"):
         patch_wan_vae(taef2)

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from taesd_fast import TAEHV, TAESD, OutputHead
-from taesd_fast import hub as hub_module
-from taesd_fast.weights_io import WeightsError, to_diffusers
+from taesd_fast.models.taesd import hub as hub_module
+from taesd_fast.models.weights_io import WeightsError, to_diffusers
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from conftest import populate_hub_cache
 from safetensors.torch import load_file, save_file
 
 from taesd_fast import TAESD
-from taesd_fast.weights_io import from_diffusers, state_differences, to_diffusers
+from taesd_fast.models.weights_io import from_diffusers, state_differences, to_diffusers
 
 REPO = "madebyollin/taef2"
 

@@ -9,7 +9,7 @@ from conftest import populate_hub_cache, rel_err
 from safetensors.torch import save_file
 
 from taesd_fast import OutputHead
-from taesd_fast.weights_io import WeightsError
+from taesd_fast.models.weights_io import WeightsError
 
 WAN_REPO = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
 WAN_FILE = "vae/diffusion_pytorch_model.safetensors"
@@ -303,7 +303,7 @@ class _SafeOpenSpy:
 def test_from_pretrained_diffusers_safetensors_reads_only_head_tensors(diffusers_checkpoint, monkeypatch):
     import safetensors
 
-    import taesd_fast.weights_io as weights_io
+    import taesd_fast.models.weights_io as weights_io
 
     path, tensors = diffusers_checkpoint
     real = safetensors.safe_open

@@ -13,7 +13,8 @@ from conftest import populate_hub_cache
 from reference_taehv import published_keys, random_state_dict
 from safetensors.torch import save_file
 
-from taesd_fast import TAEHV, TAESD, hub
+from taesd_fast import TAEHV, TAESD
+from taesd_fast.models.taesd import hub
 
 
 @pytest.fixture

@@ -185,6 +185,6 @@ def test_numpy_is_a_core_requirement():
     need NumPy: it is declared where it is needed, in the core requirements, not only in an extra."""
     from importlib.metadata import requires
 
-    assert "import numpy" in (PACKAGE / "latents_io.py").read_text()  # the core module that reads latents files
+    assert "import numpy" in (PACKAGE / "apps" / "latents_io.py").read_text()  # the core module that reads latents files
     core = [r for r in requires("taesd_fast") or [] if "extra ==" not in r]
     assert any(r.replace(" ", "").lower().startswith("numpy") for r in core), core

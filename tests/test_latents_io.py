@@ -17,7 +17,7 @@ Image = pytest.importorskip("PIL.Image", reason="the CLI's image commands need P
 
 from cli_helpers import random_weights_folder, run, small_image  # noqa: E402
 from taesd_fast import TAESD, __version__  # noqa: E402
-from taesd_fast.latents_io import LatentsRecord, load_latents, save_latents, save_latents_png  # noqa: E402
+from taesd_fast.apps.latents_io import LatentsRecord, load_latents, save_latents, save_latents_png  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def test_a_record_that_contradicts_the_tensor_is_refused(tmp_path):
 
 def test_lipsync_api_refuses_latents_of_another_model(tmp_path):
     pytest.importorskip("av")
-    from taesd_fast.facebox import DEMO_CLIP, SUN_FACE_BOX
-    from taesd_fast.lipsync import lipsync_video
+    from taesd_fast.apps.facebox import DEMO_CLIP, SUN_FACE_BOX
+    from taesd_fast.apps.lipsync import lipsync_video
 
     path = tmp_path / "faces.safetensors"
     save_latents(torch.randn(2, 32, 8, 8), path, LatentsRecord("taesana", 32, 32, (256, 256)))

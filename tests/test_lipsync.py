@@ -22,10 +22,10 @@ av = pytest.importorskip("av", reason="the lip-sync pipeline needs PyAV (pip ins
 np = pytest.importorskip("numpy")
 
 from taesd_fast import TAESD  # noqa: E402
-from taesd_fast.lipsync import (  # noqa: E402
+from taesd_fast.apps.lipsync import (  # noqa: E402
     SUN_FACE_BOX, Box, VideoWriter, lipsync_video, lower_face_mask, probe, read_frames,
 )
-from taesd_fast.latents_io import save_latents  # noqa: E402
+from taesd_fast.apps.latents_io import save_latents  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FRAMES = 6

@@ -59,7 +59,7 @@ def shell_commands(notebook: dict) -> list[list[str]]:
 def test_quickstart_shell_commands_succeed(tmp_path, monkeypatch, capsys, hub_offline, no_network):
     pytest.importorskip("PIL", reason="the CLI's image commands need Pillow (taesd_fast[media])")
     pytest.importorskip("av", reason="taesd-fast lipsync needs PyAV (taesd_fast[media])")
-    from taesd_fast.cli import main
+    from taesd_fast.apps.cli import main
 
     commands = shell_commands(json.loads(NOTEBOOK.read_text()))
     assert commands, f"no taesd-fast command found in {NOTEBOOK}"

@@ -1,13 +1,14 @@
-"""Progress bars for long encodes and decodes (taesd_fast.progress): a 3072² CPU roundtrip ran 145 s with no
-output. Each call counts its layers, tile by tile, and the CLI counts the images of a folder; bars appear only
-after progress.DELAY seconds, which these tests set to 0."""
+"""Progress bars for long encodes and decodes (taesd_fast.models.taesd.progress): a 3072² CPU roundtrip ran 145 s
+with no output. Each call counts its layers, tile by tile, and the CLI counts the images of a folder; bars appear
+only after progress.DELAY seconds, which these tests set to 0."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from taesd_fast import TAESD, progress
+from taesd_fast import TAESD
+from taesd_fast.models.taesd import progress
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def test_quickstart_runs_offline_on_cpu(tmp_path):
 
 
 def test_every_command_line_names_a_real_subcommand():
-    from taesd_fast.cli import build_parser
+    from taesd_fast.apps.cli import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]

@@ -11,8 +11,8 @@ from conftest import rel_err
 from reference_taehv import ReferenceTAEHV, published_keys, random_state_dict
 from safetensors.torch import save_file
 
-from taesd_fast.taehv import TAEHV
-from taesd_fast.taehv_hub import VARIANTS
+from taesd_fast.models.taehv.model import TAEHV
+from taesd_fast.models.taehv.hub import VARIANTS
 
 # fp32 CPU convs against float64: ~1e-7 in practice; a wrong layer, index or stride gives O(1) errors.
 REL_TOL = 1e-5

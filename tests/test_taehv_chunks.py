@@ -21,8 +21,8 @@ from reference_taehv import published_keys, random_state_dict
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from taesd_fast.taehv import CHUNK_BYTES, TAEHV, chunk_spans
-from taesd_fast.taehv_hub import VARIANTS
+from taesd_fast.models.taehv.model import CHUNK_BYTES, TAEHV, chunk_spans
+from taesd_fast.models.taehv.hub import VARIANTS
 
 VARIANTS_CHECKED = ["taew2_2", "taew2_1", "taehv1_5_super", "taeltx_2", "taecvx"]
 

@@ -16,9 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from taesd_fast import TAEHV
-from taesd_fast.cli import run_command
-from taesd_fast.lipsync import VideoWriter, probe, read_frames
-from taesd_fast.video_cli import add_parser
+from taesd_fast.apps.cli import run_command
+from taesd_fast.apps.lipsync import VideoWriter, probe, read_frames
+from taesd_fast.apps.video_cli import add_parser
 
 CLIP = REPO_ROOT / "examples" / "assets" / "sun_3s.mp4"
 FRAMES, HEIGHT, WIDTH = 7, 44, 60  # not multiples of 8: the commands pad and crop back; 7 = 4k + 3 frames

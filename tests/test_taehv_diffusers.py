@@ -16,7 +16,7 @@ import torch
 from reference_taehv import published_keys, random_state_dict
 
 from taesd_fast import TAEHV
-from taesd_fast.taehv_diffusers import WAN21_MEAN, WAN21_STD, AutoencoderTinyWan
+from taesd_fast.models.taehv.diffusers import WAN21_MEAN, WAN21_STD, AutoencoderTinyWan
 
 diffusers = pytest.importorskip("diffusers", reason="the adapter's tests compare with diffusers")
 from diffusers import AutoencoderKLWan  # noqa: E402

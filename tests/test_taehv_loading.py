@@ -12,9 +12,9 @@ from reference_taehv import published_keys, random_state_dict
 from safetensors.torch import save_file
 
 from taesd_fast import TAEHV
-from taesd_fast import taehv as taehv_module
-from taesd_fast import taehv_stream
-from taesd_fast.weights_io import WeightsError
+from taesd_fast.models.taehv import model as taehv_module
+from taesd_fast.models.taehv import stream as taehv_stream
+from taesd_fast.models.weights_io import WeightsError
 
 HW = (2, 3)
 

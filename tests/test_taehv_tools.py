@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_tools_cpu import TOOLS, load_tool
 
-from taesd_fast.bench_taehv import random_decoder
+from taesd_fast.apps.bench.taehv import random_decoder
 
 UPSTREAM = Path(os.environ.get("TAEHV_UPSTREAM", Path(__file__).resolve().parents[1] / ".upstream" / "taehv.py"))
 

@@ -193,7 +193,7 @@ def test_bundled_test_data_checksums():
 @pytest.mark.shared_extra
 def test_bundled_safetensors_hold_the_published_pth_tensors_bit_for_bit(shared_dir):
     """The bundled weights/ files against the published upstream .pth files (in ../shared)."""
-    from taesd_fast import hub
+    from taesd_fast.models.taesd import hub
 
     for part in ("encoder", "decoder"):
         bundled = load_file(str(hub.BUNDLED_DIR / f"taef2_{part}.safetensors"))

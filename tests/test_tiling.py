@@ -1,5 +1,5 @@
-"""Tiled encode/decode (taesd_fast.tiling): equal to the untiled model, memory set by the tile, measured radius,
-tile sizes in image pixels everywhere, the smallest efficient tile, and tile_size="auto".
+"""Tiled encode/decode (taesd_fast.models.taesd.tiling): equal to the untiled model, memory set by the tile, measured
+radius, tile sizes in image pixels everywhere, the smallest efficient tile, and tile_size="auto".
 
 Most checks use strips (tiled along one axis, 1-3 latent cells across the other) so they stay fast on 2 CPU
 cores; the real-photo test tiles both axes with the real TAEF2 weights.
@@ -23,8 +23,9 @@ import pytest
 import torch
 from conftest import REPO_ROOT
 
-from taesd_fast import TAESD, AutoencoderTinyFast, tile_memory, tiling
-from taesd_fast.tiling import (
+from taesd_fast import TAESD, AutoencoderTinyFast
+from taesd_fast.models.taesd import tile_memory, tiling
+from taesd_fast.models.taesd.tiling import (
     RADIUS,
     decode_tiled,
     encode_tiled,
@@ -103,7 +104,7 @@ def test_receptive_field(variant, part):
 
 
 def test_radius_table_covers_every_variant():
-    from taesd_fast.architecture import VARIANTS as ALL
+    from taesd_fast.models.taesd.architecture import VARIANTS as ALL
 
     for arch in ALL.values():
         for part in ("encoder", "decoder"):
@@ -399,7 +400,7 @@ def test_widest_activation():
 MEASURE_PEAK = """
 import sys, torch
 from taesd_fast import TAESD
-from taesd_fast.tiling import memory_needed, overlap_pixels, run_tiled
+from taesd_fast.models.taesd.tiling import memory_needed, overlap_pixels, run_tiled
 def status(key):  # bytes
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
 part, tile = sys.argv[1], None if sys.argv[2] == "none" else int(sys.argv[2])

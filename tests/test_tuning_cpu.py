@@ -429,7 +429,8 @@ def test_tune_cli_parses_shapes_and_tunes_through_warmup(monkeypatch, capsys):
     import argparse
     from types import SimpleNamespace
 
-    from taesd_fast import TAESD, tune_cli
+    from taesd_fast import TAESD
+    from taesd_fast.apps import tune_cli
 
     assert tune_cli.parse_shape("1x32x32x32") == (1, 32, 32, 32) and tune_cli.parse_shape("4X256x256") == (4, 256, 256)
     for bad in ("1x32", "ax2x3", "0x4x4"):

@@ -41,7 +41,8 @@ package = Path(taesd_fast.__file__).resolve().parent
 assert prefix in package.parents, f"imported {package}, not the wheel installed in {prefix}"
 
 import torch
-from taesd_fast import TAESD, _backend, hub, kernel_env, resources
+from taesd_fast import TAESD, _backend, kernel_env, resources
+from taesd_fast.models.taesd import hub
 
 csrc = resources.csrc_dir()
 names = [p.name for p in resources.csrc_sources()]

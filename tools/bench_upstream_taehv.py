@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from taesd_fast.bench_taehv import errors, random_decoder
-from taesd_fast.taehv import TAEHV
+from taesd_fast.apps.bench.taehv import errors, random_decoder
+from taesd_fast.models.taehv.model import TAEHV
 
 
 class Workload(NamedTuple):

@@ -62,7 +62,7 @@ if [ -n "$CONV_TC" ]; then
     --shapes "$CONV_TC" 2>&1 | tee $OUT/bench_conv_tc.log | grep -A40 "best config per shape"
 fi
 if [ "$TAESD_S" != 0 ]; then
-  limit $TAESD_S python3 -m taesd_fast.bench --sections taesd $TAESD_ARGS --out $OUT/bench_taesd.txt 2>&1 \
+  limit $TAESD_S python3 -m taesd_fast.apps.bench --sections taesd $TAESD_ARGS --out $OUT/bench_taesd.txt 2>&1 \
     | tee $OUT/bench_taesd.log | tail -40
   echo "taesd section rc=${PIPESTATUS[0]} (124: out of time)"
 fi
@@ -73,12 +73,12 @@ if [ "$FIRST_USE_S" != 0 ]; then  # its own new cache folders (--keep must not e
   echo "first use rc=${PIPESTATUS[0]} (124: out of time; table also in $OUT/first_use.txt, raw figures in $OUT/first_use.json)"
 fi
 if [ "$HEAD_S" != 0 ] && [ -n "${SECTIONS-head,conv}" ]; then
-  limit $HEAD_S python3 -m taesd_fast.bench --sections ${SECTIONS-head,conv} --out $OUT/bench_head_conv.txt 2>&1 \
+  limit $HEAD_S python3 -m taesd_fast.apps.bench --sections ${SECTIONS-head,conv} --out $OUT/bench_head_conv.txt 2>&1 \
     | tee $OUT/bench_head_conv.log | tail -60
   echo "head, conv sections rc=${PIPESTATUS[0]} (124: out of time)"
 fi
 if [ "$TAEHV_S" != 0 ]; then  # rows are printed as measured (lines "  taew..."), then the table; compile logs only in the log
-  limit $TAEHV_S python3 -m taesd_fast.bench --sections taehv $TAEHV_ARGS --out $OUT/bench_taehv.txt 2>&1 \
+  limit $TAEHV_S python3 -m taesd_fast.apps.bench --sections taehv $TAEHV_ARGS --out $OUT/bench_taehv.txt 2>&1 \
     | tee $OUT/bench_taehv.log | grep -E "^(GPU |== |  taew|workload|taew)|Error|Traceback|error:" | tail -90
   echo "taehv section rc=${PIPESTATUS[0]} (124: out of time; the rows it finished are above and in $OUT/bench_taehv.log)"
 fi

@@ -31,9 +31,9 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from taesd_fast import dispatch
-from taesd_fast.bench_taehv import random_decoder
-from taesd_fast.layers import DispatchConv2d
-from taesd_fast.taehv_layers import MemBlock, SuperMemBlock, TGrow
+from taesd_fast.apps.bench.taehv import random_decoder
+from taesd_fast.models.layers import DispatchConv2d
+from taesd_fast.models.taehv.layers import MemBlock, SuperMemBlock, TGrow
 
 SMALL = dict(latents=3, size=(32, 48))  # --small: pixels (for patch 1; scaled by the patch size)
 
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype or ("float16" if args.device.startswith("cuda") else "float32"))
     latents, size = args.latents, args.size
     if args.small:
-        from taesd_fast.taehv_hub import VARIANTS
+        from taesd_fast.models.taehv.hub import VARIANTS
 
         p = VARIANTS[args.variant].patch_size
         latents, size = SMALL["latents"], (SMALL["size"][0] * p, SMALL["size"][1] * p)

@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from taesd_fast.bench_taehv import random_decoder
-from taesd_fast.taehv import CHUNK_BYTES
+from taesd_fast.apps.bench.taehv import random_decoder
+from taesd_fast.models.taehv.model import CHUNK_BYTES
 from taesd_fast.timing import time_ms
 
 

@@ -1,0 +1,319 @@
+"""TAEHV building blocks and the encoder/decoder Sequentials, with upstream (madebyollin/taehv) state_dict keys.
+
+Frames are processed as a batch of N*k images [N*k, C, H, W] (k frames per sample, time-major inside a sample).
+The memory blocks see their own input at the previous frame; `run_sequence` walks a Sequential over k frames
+given each memory block's input at the frame before the first one (zeros at the start of a video), and writes
+each block's last input back into that memory. One function therefore serves the whole-video decode (k = T, zero
+memory) and the streaming step (k = frames per step, carried memory).
+
+Fast-path structure (every conv goes through `taesd_fast.dispatch`):
+- conv + bias (+ residual) (+ ReLU) are one dispatch call, so a kernel can fuse the epilogue;
+- the decoder's soft clamp is folded into its first conv (`pre_clamp`);
+- base decoder: nearest upsample -> TGrow -> conv runs as TGrow's 1x1 conv at low resolution (a 1x1 conv and a
+  nearest upsample commute), then the 3x3 conv with the upsample folded in (`upsample=2`): 4x fewer pixels for the
+  1x1 conv and no upsampled tensor when a kernel folds it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ... import dispatch
+from ..layers import Clamp, DispatchConv2d, conv1x1, conv3x3
+
+BASE_WIDTHS = (256, 128, 64, 64)
+SUPER_WIDTHS = (512, 256, 128, 64)
+ENCODER_WIDTH = 64
+IMAGE_CHANNELS = 3
+
+
+@dataclass(frozen=True)
+class TAEHVArch:
+    """What the tensors of a TAEHV checkpoint fix: latent channels, pixel-(un)shuffle patch, decoder kind, and the
+    time stride of each encoder TPool / decoder TGrow stage."""
+
+    latent_channels: int
+    patch_size: int
+    super_decoder: bool = False
+    encoder_time: tuple = (2, 2, 1)
+    decoder_time: tuple = (1, 2, 2)
+
+    @property
+    def t_downscale(self) -> int:
+        return math.prod(self.encoder_time)
+
+    @property
+    def t_upscale(self) -> int:
+        return math.prod(self.decoder_time)
+
+    @property
+    def space_scale(self) -> int:
+        """Pixels per latent cell along each side."""
+        return 8 * self.patch_size
+
+    def describe(self) -> str:
+        return (f"{self.latent_channels} latent channels, patch {self.patch_size}, "
+                f"{'super' if self.super_decoder else 'base'} decoder, time x{self.t_downscale} down / "
+                f"x{self.t_upscale} up")
+
+
+class MemBlock(nn.Module):
+    """relu(conv-relu-conv-relu-conv(cat[x, past]) + skip(x)). Keys conv.{0,2,4}.{weight,bias}, skip.weight."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.conv = nn.Sequential(conv3x3(2 * n_in, n_out), nn.ReLU(), conv3x3(n_out, n_out), nn.ReLU(),
+                                  conv3x3(n_out, n_out))
+        self.skip = conv1x1(n_in, n_out) if n_in != n_out else nn.Identity()
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        first, _, second, _, third = self.conv
+        h = first(torch.cat([x, past], 1), relu=True)
+        h = second(h, relu=True)
+        return third(h, residual=self.skip(x), relu=True)
+
+
+class SuperMemBlock(nn.Module):
+    """x + 1x1(4n->n)(relu(1x1(2n->4n)(dw7x7(cat[x, past])))). Keys conv.0.weight (depthwise), conv.1.{weight,bias},
+    conv.3.weight."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(2 * n, 2 * n, 7, padding=3, groups=2 * n, bias=False),
+                                  DispatchConv2d(2 * n, 4 * n, 1), nn.ReLU(), conv1x1(4 * n, n))
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        depthwise, expand, _, project = self.conv
+        h = F.conv2d(torch.cat([x, past], 1), depthwise.weight, None, padding=3, groups=depthwise.groups)
+        return project(expand(h, relu=True), residual=x)
+
+
+class TPool(nn.Module):
+    """Folds `stride` consecutive frames into channels, then a bias-free 1x1 conv. Key conv.weight."""
+
+    def __init__(self, n: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = conv1x1(n * stride, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nt, c, h, w = x.shape
+        return self.conv(x.reshape(nt // self.stride, self.stride * c, h, w))
+
+
+class TGrow(nn.Module):
+    """Bias-free 1x1 conv to stride*C channels, unfolded into `stride` consecutive frames. Key conv.weight.
+
+    With time upscaling switched off (`run` with stride 1) only the last frame's rows of the weight are used."""
+
+    def __init__(self, n: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = conv1x1(n, n * stride)
+
+    def run(self, x: torch.Tensor, upscale: bool = True) -> torch.Tensor:
+        nt, c, h, w = x.shape
+        if upscale or self.stride == 1:
+            y = self.conv(x)
+            return y.reshape(nt * self.stride, c, h, w)
+        weight, _ = weight_rows(self.conv, slice(-c, None))
+        return dispatch.conv2d(x, weight, None, layer=self.conv)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run(x)
+
+
+def weight_rows(conv: nn.Conv2d, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight[rows], bias[rows]) as compact tensors in the weight's memory format, kept until the weight changes:
+    the kernels cache their packed weights per tensor object, so a fresh slice on every call would repack."""
+    w = conv.weight
+    stamp = (rows.start, rows.stop, rows.step, w.data_ptr(), w._version, w.dtype, w.device, w.stride())
+    hit = conv.__dict__.get("_rows_cache")
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    fmt = torch.channels_last if w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() \
+        else torch.contiguous_format
+    with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
+        value = (w[rows].contiguous(memory_format=fmt), None if conv.bias is None else conv.bias[rows].contiguous())
+    conv.__dict__["_rows_cache"] = (stamp, value)
+    return value
+
+
+def build_encoder(arch: TAEHVArch) -> nn.Sequential:
+    """The encoder Sequential (indices are the upstream keys' first component)."""
+    w = ENCODER_WIDTH
+    layers: list[nn.Module] = [conv3x3(IMAGE_CHANNELS * arch.patch_size ** 2, w), nn.ReLU()]
+    for stride in arch.encoder_time:
+        layers += [TPool(w, stride), conv3x3(w, w, stride=2, bias=False)] + [MemBlock(w, w) for _ in range(3)]
+    layers.append(conv3x3(w, arch.latent_channels))
+    return nn.Sequential(*layers)
+
+
+def build_decoder(arch: TAEHVArch) -> nn.Sequential:
+    """The base or super decoder Sequential (indices are the upstream keys' first component)."""
+    out = IMAGE_CHANNELS * arch.patch_size ** 2
+    if arch.super_decoder:
+        n = SUPER_WIDTHS
+        layers: list[nn.Module] = [conv1x1(arch.latent_channels, n[0])]
+        for stage in range(3):
+            layers += [SuperMemBlock(n[stage]) for _ in range(3)]
+            layers += [conv3x3(n[stage], 4 * n[stage + 1]), nn.ReLU(), nn.PixelShuffle(2),
+                       TGrow(n[stage + 1], arch.decoder_time[stage])]
+        layers.append(conv3x3(n[3], out))
+        return nn.Sequential(*layers)
+    n = BASE_WIDTHS
+    layers = [Clamp(), conv3x3(arch.latent_channels, n[0]), nn.ReLU()]
+    for stage in range(3):
+        layers += [MemBlock(n[stage], n[stage]) for _ in range(3)]
+        layers += [nn.Upsample(scale_factor=2), TGrow(n[stage], arch.decoder_time[stage]),
+                   conv3x3(n[stage], n[stage + 1], bias=False)]
+    layers += [nn.ReLU(), conv3x3(n[3], out)]
+    return nn.Sequential(*layers)
+
+
+def memory_indices(seq: nn.Sequential) -> list[int]:
+    """Positions of the memory blocks, in order: one memory tensor each."""
+    return [i for i, m in enumerate(seq) if isinstance(m, (MemBlock, SuperMemBlock))]
+
+
+@dataclass(frozen=True)
+class Preview:
+    """Per-stage switches of the decoder's upscaling (the preview knobs): False turns a stage's time or space
+    upscale off. Time off: TGrow keeps the last frame's rows of its weight. Space off: the base decoder skips the
+    nearest upsample; the super decoder keeps the top-left sub-pixel rows of the conv before its pixel shuffle (the
+    even-pixel samples of the full-resolution features)."""
+
+    time: tuple = (True, True, True)
+    space: tuple = (True, True, True)
+
+
+def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
+                 preview: Preview | None = None) -> torch.Tensor:
+    """Apply an encoder or decoder Sequential to x [batch*k, C, H, W] (k frames per sample, time-major).
+
+    memory[j]: the j-th memory block's input at the frame before the first, [batch, C_j, H_j, W_j], or None for
+    zeros (the start of a video); overwritten in place (or set, where None) with its input at the last frame.
+    preview: the decoder's upscale switches (None: all on).
+    """
+    modules = list(seq)
+    mem = iter(range(len(memory)))
+    stage = 0
+    i = 0
+    while i < len(modules):
+        m = modules[i]
+        nxt = modules[i + 1] if i + 1 < len(modules) else None
+        if isinstance(m, (MemBlock, SuperMemBlock)):
+            x = _memory_step(m, x, batch, memory, next(mem))
+            i += 1
+        elif isinstance(m, Clamp) and isinstance(nxt, DispatchConv2d):
+            relu = i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)
+            x = nxt(x, pre_clamp=True, relu=relu)
+            i += 3 if relu else 2
+        elif isinstance(m, nn.Upsample):  # base decoder: Upsample, TGrow, conv
+            grow, conv = modules[i + 1], modules[i + 2]
+            time_on = preview is None or preview.time[stage]
+            space_on = preview is None or preview.space[stage]
+            relu = i + 3 < len(modules) and isinstance(modules[i + 3], nn.ReLU)  # the last stage's conv
+            x = conv(grow.run(x, time_on), upsample=2 if space_on else 1, relu=relu)
+            stage += 1
+            i += 4 if relu else 3
+        elif isinstance(m, DispatchConv2d) and isinstance(nxt, nn.ReLU) and i + 2 < len(modules) \
+                and isinstance(modules[i + 2], nn.PixelShuffle):  # super decoder: conv, ReLU, PixelShuffle, TGrow
+            grow = modules[i + 3]
+            time_on = preview is None or preview.time[stage]
+            if preview is None or preview.space[stage]:
+                x = F.pixel_shuffle(m(x, relu=True), 2)
+            else:
+                weight, bias = weight_rows(m, slice(0, None, 4))
+                x = dispatch.conv2d(x, weight, bias, relu=True, layer=m)
+            x = grow.run(x, time_on)
+            stage += 1
+            i += 4
+        elif isinstance(m, DispatchConv2d):
+            relu = isinstance(nxt, nn.ReLU)
+            x = m(x, relu=relu)
+            i += 2 if relu else 1
+        else:  # ReLU after a conv is fused above; TPool; a lone ReLU
+            x = m(x)
+            i += 1
+    return x
+
+
+def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j: int) -> torch.Tensor:
+    """One memory block over k frames: frame t's past is frame t-1's input (memory[j] for the first)."""
+    nt, c, h, w = x.shape
+    k = nt // batch
+    frames = x.reshape(batch, k, c, h, w)
+    past = torch.empty_like(x)  # keeps x's memory format (channels_last on CUDA)
+    shifted = past.view(batch, k, c, h, w)
+    if memory[j] is None:
+        shifted[:, 0] = 0
+        # A normal tensor even under inference_mode, so a later step outside it may update it in place.
+        with torch.inference_mode(False):
+            memory[j] = torch.empty_like(frames[:, -1])
+    else:
+        shifted[:, 0] = memory[j]
+    shifted[:, 1:] = frames[:, :-1]
+    out = block(x, past)
+    memory[j].copy_(frames[:, -1])
+    return out
+
+
+def live_elements(seq: nn.Sequential, channels: int, height: int, width: int, frames: int = 1,
+                  preview: Preview | None = None, output_copies: int = 0) -> int:
+    """The most activation elements alive at once while `run_sequence` takes `frames` frames of `channels` x
+    height x width through seq (weights and the input itself not counted), on the dispatcher's PyTorch path: a
+    conv's ReLU or residual add is a second output-sized tensor, the base decoder's nearest upsample a tensor of
+    its own. decode_video / encode_video size their chunks of frames by it, so a long video's decode needs the
+    memory of one chunk plus its output. `output_copies`: how many copies of seq's output are alive together
+    after it (the decoder's output, pixel shuffle and clamp: 3).
+
+    It walks the layers as `run_sequence` groups them and counts each group's tensors that are alive together: a
+    memory block holds its input, the past frames, the concatenation and its convs' outputs; an upsample group
+    its input, TGrow's output, the upsampled tensor and the conv's outputs."""
+    modules = list(seq)
+    c, px, f = channels, height * width, frames
+    peak, stage, i = 0, 0, 0
+    while i < len(modules):
+        m = modules[i]
+        size = c * px * f
+        if isinstance(m, MemBlock):  # at the first conv: x, past, cat, 2 outputs; at the last: x, past, 5 outputs
+            n_in, n_out = m.conv[0].in_channels // 2, m.conv[0].out_channels
+            peak = max(peak, max(4 * n_in + 2 * n_out, 2 * n_in + 5 * n_out) * px * f)
+            c, i = n_out, i + 1
+        elif isinstance(m, SuperMemBlock):  # x, past, the depthwise output (2c), the expansion and its ReLU (4c each)
+            peak, i = max(peak, 12 * size), i + 1
+        elif isinstance(m, Clamp):  # the input, its soft clamp, the conv's 2 outputs
+            conv = modules[i + 1]
+            peak = max(peak, 3 * size, 2 * size + 2 * conv.out_channels * px * f)
+            c, i = conv.out_channels, i + 2
+        elif isinstance(m, nn.Upsample):  # the input, TGrow's output, the upsampled tensor, the conv's 2 outputs
+            grow, conv = modules[i + 1], modules[i + 2]
+            t = grow.stride if preview is None or preview.time[stage] else 1
+            s = 4 if preview is None or preview.space[stage] else 1
+            peak = max(peak, size + c * px * f * t + (c + 2 * conv.out_channels) * s * px * f * t)
+            c, px, f, stage, i = conv.out_channels, s * px, f * t, stage + 1, i + 3
+        elif isinstance(m, DispatchConv2d) and i + 2 < len(modules) and isinstance(modules[i + 2], nn.PixelShuffle):
+            grow = modules[i + 3]  # the super decoder's conv, ReLU, pixel shuffle, TGrow
+            t = grow.stride if preview is None or preview.time[stage] else 1
+            s = 4 if preview is None or preview.space[stage] else 1
+            c_out = grow.conv.in_channels
+            wide = c_out * s * px * f  # the conv's output (its kept rows when the space upscale is off)
+            peak = max(peak, size + 3 * wide, wide + c_out * s * px * f * (1 + t))  # + ReLU, shuffle; then TGrow
+            c, px, f, stage, i = c_out, s * px, f * t, stage + 1, i + 4
+        elif isinstance(m, DispatchConv2d):
+            px_out = px // (m.stride[0] * m.stride[0])
+            peak = max(peak, size + 2 * m.out_channels * px_out * f)
+            c, px, i = m.out_channels, px_out, i + 1
+        elif isinstance(m, TPool):
+            peak = max(peak, size + 2 * size // m.stride)
+            f, i = f // m.stride, i + 1
+        else:  # a ReLU: fused into the conv before it
+            i += 1
+    return max(peak, output_copies * c * px * f)

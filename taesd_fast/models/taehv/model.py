@@ -1,0 +1,385 @@
+"""TAEHV: madebyollin's tiny video autoencoders (taew2_2, taew2_1, taehv, taehv1_5, taecvx, taeos1_3, taeltx_2,
+taeltx2_3 and the _super decoders), with upstream state_dict keys, a whole-video path and a streaming step.
+
+Video is NTCHW ([N, T, 3, H, W]) in [0, 1]; latents are NTCHW as the diffusion model makes them (no scaling).
+The streaming step carries explicit state and has fixed shapes per (batch, size), so on CUDA it is replayed as a
+CUDA graph from its second call with a state on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ... import dispatch, graphs
+from ...validation import as_float_dtype, check_device, warn_if_slow_on_cpu
+from ...value_range import warn_if_unusual_range
+from ..layers import conv_weights_channels_last, name_layers, preferred_layout
+from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
+from .layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
+                           run_sequence)
+from .stream import StreamState, check_video, graphed_step, replayable
+
+CHUNK_BYTES = 3 << 29  # 1.5 GiB of activations per chunk of decode_video / encode_video (TAEHV.chunk_bytes)
+
+
+class TAEHV(nn.Module):
+    """Tiny video autoencoder. `encoder` / `decoder` are nn.Sequentials keyed as upstream (`encoder.0.weight`,
+    `decoder.3.conv.0.weight`, ...), so a published .pth / .safetensors file loads into `load_state_dict` as is.
+
+    Preview knobs (`set_preview`): switch each decoder stage's time or space upscaling off for a cheaper decode.
+    cuda_graphs (default True): on CUDA, `decode_step` / `encode_step` replay a CUDA graph from a stream's second
+    step with the same input shape on.
+    chunk_bytes (default CHUNK_BYTES): `decode_video` / `encode_video` run as many latent frames at a time as keep
+    the estimated activations within this many bytes (at least one), so their memory is the output's plus one
+    chunk's at any video length; the result does not depend on it.
+    """
+
+    def __init__(self, variant: str | TAEHVArch = "taew2_1", encoder: bool = True, decoder: bool = True):
+        super().__init__()
+        if isinstance(variant, TAEHVArch):
+            self.arch, self.variant = variant, None
+        else:
+            self.arch, self.variant = VARIANTS[known_variant(variant)], variant
+        self.encoder = build_encoder(self.arch) if encoder else None
+        self.decoder = build_decoder(self.arch) if decoder else None
+        name_layers(self)
+        self.preview = Preview()
+        self.cuda_graphs = True
+        self.chunk_bytes = CHUNK_BYTES
+        self._range_checked: set = set()  # CUDA input signatures whose value range was checked (value_range)
+
+    # ------------------------------------------------------------------------------------------ properties
+
+    @property
+    def latent_channels(self) -> int:
+        return self.arch.latent_channels
+
+    @property
+    def patch_size(self) -> int:
+        return self.arch.patch_size
+
+    @property
+    def t_downscale(self) -> int:
+        """Video frames per latent frame in the encoder."""
+        return self.arch.t_downscale
+
+    @property
+    def t_upscale(self) -> int:
+        """Frames each latent frame decodes to, with the preview knobs applied."""
+        return _stride_product(self.arch.decoder_time, self.preview.time)
+
+    @property
+    def frames_to_trim(self) -> int:
+        """Startup frames dropped from the front of a decode: t_upscale - 1."""
+        return self.t_upscale - 1
+
+    @property
+    def space_upscale(self) -> int:
+        """Output pixels per latent cell along each side, with the preview knobs applied."""
+        return self.patch_size * _stride_product((2, 2, 2), self.preview.space)
+
+    def set_preview(self, time_upscale=None, space_upscale=None) -> "TAEHV":
+        """Turn the decoder's per-stage upscaling off (False) or back on (True); None leaves all stages on.
+
+        Tuples of 3 flags, one per decoder stage; 2 flags name the last two stages (upstream's convention, where
+        the first stage of the 4x-time models has no time upscale). Turning on a time upscale the weights do not
+        have is an error. Returns self."""
+        time = _flags(time_upscale, "time_upscale")
+        for stage, (on, stride) in enumerate(zip(time, self.arch.decoder_time)):
+            if on and stride == 1 and time_upscale is not None and len(tuple(time_upscale)) == 3:
+                raise ValueError(f"time_upscale[{stage}]=True, but this {self.variant or 'model'}'s decoder stage "
+                                 f"{stage} has no time upscale (its strides are {self.arch.decoder_time})")
+        self.preview = Preview(time, _flags(space_upscale, "space_upscale"))
+        return self
+
+    # ------------------------------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike | None = None,
+        *,
+        variant: str | None = None,
+        encoder: bool = True,
+        decoder: bool = True,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+    ) -> "TAEHV":
+        """Load published weights.
+
+        name_or_path: a variant name ("taew2_2") or None with variant=, both meaning the Hub repo madebyollin/taehv;
+            another Hub repo id (with variant=); a local folder holding <variant>.safetensors / .pth; or a file.
+        variant: picks the file in a repo or folder, and must agree with the tensors (latent channels, patch size,
+            base/super decoder), which decide the architecture; for variants with identical tensors (taehv,
+            taew2_1, taeos1_3, taecvx) it or the file name sets the name (taecvx decodes even latent counts
+            untrimmed, as upstream does).
+        encoder / decoder: False skips that part (a file without it loads as decoder- or encoder-only).
+        Returns the model in eval mode with requires_grad off. HF_HUB_OFFLINE=1 is honoured by huggingface_hub.
+        """
+        device = check_device(device)  # a clear error for CUDA on a CPU-only torch, before any download
+        state, source, hint = resolve(name_or_path, variant=variant, revision=revision, cache_dir=cache_dir,
+                                      local_files_only=local_files_only)
+        return cls.from_state_dict(state, variant=variant, name_hint=hint, source=source, encoder=encoder,
+                                   decoder=decoder, dtype=dtype, device=device)
+
+    @classmethod
+    def from_state_dict(cls, state: dict, *, variant: str | None = None, name_hint: str | None = None,
+                        source: str = "the state dict", encoder: bool = True, decoder: bool = True,
+                        dtype=None, device=None) -> "TAEHV":
+        """The model for an upstream-keyed state dict already in memory (architecture read from the tensors)."""
+        dtype, device = as_float_dtype(dtype), check_device(device)
+        enc, dec = split_parts(state, source)
+        enc, dec = (enc if encoder else None), (dec if decoder else None)
+        if enc is None and dec is None:
+            raise ValueError(f"{source} has no {'encoder' if encoder else 'decoder'} weights to load")
+        arch = detect(enc, dec, source)
+        model = cls(arch, encoder=enc is not None, decoder=dec is not None)
+        model.variant = choose_name(arch, variant, name_hint, source)
+        for part, sub in (("encoder", enc), ("decoder", dec)):
+            if sub is not None:
+                getattr(model, part).load_state_dict(sub)
+        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        conv_weights_channels_last(self)
+        dispatch.prepare(self)
+        warn_if_slow_on_cpu(self)
+        return self
+
+    # ------------------------------------------------------------------------------------------ whole video
+
+    def encode_video(self, video: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
+        """[N, T, 3, H, W] in [0, 1] -> [N, ceil(T / t_downscale), C, H / (8p), W / (8p)] latents.
+
+        The end is padded with copies of the last frame up to a multiple of t_downscale. The frames run through the
+        streaming state in chunks sized by `chunk_bytes` (the latents equal a whole-video encode's), so memory
+        does not grow with the video's length; parallel=False encodes t_downscale frames at a time."""
+        param = self._param("encoder")
+        check_video(video, "video", 3, param, self.arch.space_scale)
+        warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
+        n, t, _, h, w = video.shape
+        td, steps = self.t_downscale, -(-video.shape[1] // self.t_downscale)
+        side = self.arch.space_scale
+        out = torch.empty(n, steps, self.latent_channels, h // side, w // side, dtype=param.dtype,
+                          device=param.device)
+        chunk = self._chunk_length("encoder", steps, h, w, param) if parallel else 1
+        state = None
+        for start, stop in _progress(chunk_spans(steps, chunk), show_progress_bar, "encoding"):
+            frames = video[:, start * td:stop * td]
+            pad = (stop - start) * td - frames.shape[1]  # the last chunk: repeat the last frame
+            if pad:
+                frames = torch.cat([frames, frames[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
+            latents, state = self._encode(frames, state, param, graphed=False)
+            out[:, start:stop] = latents
+        return out
+
+    def decode_video(self, latents: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False,
+                     uint8: bool = False) -> torch.Tensor:
+        """[N, T, C, h, w] latents -> [N, t_upscale*T - frames_to_trim, 3, H, W] frames in [0, 1] (4T - 3 for the
+        4x-time models; taecvx keeps all 4T frames when T is even, as upstream).
+
+        The latent frames run through the streaming state in chunks sized by `chunk_bytes`, each chunk's frames
+        written into the one output tensor: the frames equal a whole-video decode's, and memory beyond the output
+        does not grow with the video's length. parallel=False decodes one latent frame per chunk.
+        uint8: frames as uint8 in [0, 255] (rounded), for writing video (half or a quarter of the output memory)."""
+        param = self._param("decoder")
+        check_video(latents, "latents", self.latent_channels, param)
+        n, t, _, h, w = latents.shape
+        trim = 0 if self._untrimmed(t) else self.frames_to_trim
+        side = self.space_upscale
+        out = torch.empty(n, self.t_upscale * t - trim, 3, h * side, w * side,
+                          dtype=torch.uint8 if uint8 else param.dtype, device=param.device)
+        chunk = self._chunk_length("decoder", t, h, w, param) if parallel else 1
+        state, written = None, 0
+        for start, stop in _progress(chunk_spans(t, chunk), show_progress_bar, "decoding"):
+            skip = trim if start == 0 else 0
+            count = self.t_upscale * (stop - start) - skip
+            _, state = self._decode(latents[:, start:stop], state, uint8, param, into=out[:, written:written + count],
+                                    skip=skip)
+            written += count
+        return out
+
+    def _chunk_length(self, part: str, total: int, h: int, w: int, param: torch.Tensor) -> int:
+        """Latent frames per chunk of encode_video / decode_video (of `total`): as many as keep a chunk's
+        activations within `chunk_bytes`, at least 1."""
+        return max(1, int(min(total, self.chunk_bytes / self._bytes_per_latent(part, h, w, param))))
+
+    def _bytes_per_latent(self, part: str, h: int, w: int, param: torch.Tensor) -> int:
+        """Activation bytes alive at once per latent frame of an h x w input (estimated by `live_elements`)."""
+        seq = getattr(self, part)
+        if part == "decoder":
+            elements = live_elements(seq, self.latent_channels, h, w, preview=self.preview, output_copies=3)
+        else:  # t_downscale frames per latent, unshuffled into patches (the chunk's input and its copy count too)
+            p = self.patch_size
+            elements = live_elements(seq, 3 * p * p, h // p, w // p, frames=self.t_downscale) \
+                + 2 * 3 * h * w * self.t_downscale
+        return elements * param.element_size()
+
+    def _untrimmed(self, latent_frames: int | None) -> bool:
+        """taecvx: upstream skips the startup trim for even latent counts (and always when streaming)."""
+        return self.variant == "taecvx" and (latent_frames is None or latent_frames % 2 == 0)
+
+    # ------------------------------------------------------------------------------------------ streaming
+
+    def decode_step(self, latents: torch.Tensor, state: StreamState | None = None, uint8: bool = False):
+        """One streaming step: latents [N, C, h, w] (one latent frame) or [N, k, C, h, w] -> (frames
+        [N, t_upscale*k, 3, H, W], state). Start with state=None; the first step returns t_upscale - 1 fewer frames
+        (the startup trim), so the steps of a video concatenate to `decode_video`. The state is updated in place and
+        returned; memory does not grow with the stream's length."""
+        param = self._param("decoder")
+        if isinstance(latents, torch.Tensor) and latents.dim() == 4:
+            latents = latents.unsqueeze(1)
+        check_video(latents, "latents", self.latent_channels, param)
+        first = state is None or getattr(state, "steps", None) == 0  # (a wrong state is reported below)
+        frames, state = self._decode(latents, state, uint8, param)
+        if first and not self._untrimmed(None):
+            frames = frames[:, self.frames_to_trim:]
+        return frames, state
+
+    def encode_step(self, video: torch.Tensor, state: StreamState | None = None):
+        """One streaming step: video [N, k * t_downscale, 3, H, W] in [0, 1] -> (latents [N, k, C, h, w], state).
+        Start with state=None; pad the end of a video yourself (repeat its last frame), as `encode_video` does."""
+        param = self._param("encoder")
+        check_video(video, "video", 3, param, self.arch.space_scale)
+        warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
+        if video.shape[1] % self.t_downscale:
+            raise ValueError(f"encode_step takes a multiple of {self.t_downscale} frames (the encoder's time "
+                             f"downscale), got {video.shape[1]}; pad with copies of the last frame")
+        return self._encode(video, state, param)
+
+    def _encode(self, video: torch.Tensor, state: StreamState | None, param: torch.Tensor, graphed: bool = True):
+        n, t, _, h, w = video.shape
+        x = preferred_layout(video.reshape(n * t, 3, h, w))
+        if self.patch_size > 1:
+            x = F.pixel_unshuffle(x, self.patch_size)
+        state = self._state("encoder", state, n, h, w, param)
+        out = self._stream(self.encoder, x, state, graphed=graphed)
+        return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
+
+    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor,
+                into: torch.Tensor | None = None, skip: int = 0):
+        """Decode a chunk of latent frames on the stream's state. With `into` (a chunk of decode_video's output)
+        the step runs eagerly and its frames after the first `skip` are written there; otherwise they are
+        returned (a graph replay on CUDA from the stream's second step)."""
+        n, k, c, h, w = latents.shape
+        state = self._state("decoder", state, n, h, w, param)
+        x = preferred_layout(latents.reshape(n * k, c, h, w))
+        if into is None:
+            out = self._stream(self.decoder, x, state, uint8=uint8)
+            return out.reshape(n, -1, *out.shape[1:]), state
+        out = self._stream(self.decoder, x, state, graphed=False, postprocess=False)
+        self._postprocess(out, uint8, into=into, skip=skip)
+        return into, state
+
+    def _state(self, part: str, state: StreamState | None, n: int, h: int, w: int, param) -> StreamState:
+        preview = self.preview if part == "decoder" else None
+        signature = (n, h, w, param.dtype, param.device, preview)
+        if state is None:
+            return StreamState(part, signature, [None] * len(memory_indices(getattr(self, part))))
+        if not isinstance(state, StreamState) or state.part != part:
+            other = f" for the {state.part}" if isinstance(state, StreamState) else ""
+            raise TypeError(f"state must be what the last {part[:-1]}_step returned (or None), got "
+                            f"{type(state).__name__}{other}")
+        if state.signature != signature:
+            raise ValueError(f"this state was made for {_describe(state.signature)} but the input is "
+                             f"{_describe(signature)}; start a new stream with state=None")
+        return state
+
+    def _stream(self, seq: nn.Sequential, x: torch.Tensor, state: StreamState, uint8: bool = False,
+                graphed: bool = True, postprocess: bool = True) -> torch.Tensor:
+        """run_sequence on the state's memory (then the decoder's postprocess, unless postprocess=False); on CUDA
+        with `graphed`, a graph replay from the second call with this shape on. decode_video / encode_video run
+        their chunks eagerly: a graph's private memory pool would hold a second chunk's worth of activations."""
+        batch = state.signature[0]
+        preview = self.preview if state.part == "decoder" else None
+        post = postprocess and state.part == "decoder"
+
+        def step(inp: torch.Tensor) -> torch.Tensor:
+            out = run_sequence(seq, inp, batch, state.memory, preview)
+            return self._postprocess(out, uint8) if post else out
+
+        with torch.no_grad():
+            if not (graphed and self.cuda_graphs and replayable(x)):
+                out = step(x)
+            else:
+                with torch.cuda.device(x.device):  # capture and replay on the input's GPU
+                    out = graphed_step(step, x, graphs.parameters_of(seq), state, uint8)
+        state.steps += 1
+        return out
+
+    def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor | None = None,
+                     skip: int = 0) -> torch.Tensor:
+        """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked.
+        Returns [N*k, 3, H, W]; with `into` ([N, k', 3, H, W]) writes the frames after the first `skip` of each
+        sample there instead (no frame-sized copy beyond the clamp's)."""
+        if self.patch_size > 1:
+            out = F.pixel_shuffle(out, self.patch_size)
+        if into is None:
+            out = out.clamp(0, 1)
+            return out.mul(255).round().to(torch.uint8) if uint8 else out
+        frames = out.reshape(into.shape[0], -1, *out.shape[1:])[:, skip:]
+        if not uint8:
+            return torch.clamp(frames, 0, 1, out=into)
+        return into.copy_(frames.clamp(0, 1).mul_(255).round_())
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _param(self, part: str) -> torch.Tensor:
+        module = getattr(self, part)
+        if module is None:
+            verb = "encode" if part == "encoder" else "decode"
+            raise RuntimeError(f"this TAEHV was loaded without its {part}, so it cannot {verb}")
+        return next(module.parameters())
+
+    def dispatch_table(self) -> str:
+        """Which implementation each conv layer ran with (filled in as layers run)."""
+        return dispatch.dispatch_table(self)
+
+    def extra_repr(self) -> str:
+        return f"variant={self.variant!r}, {self.arch.describe()}"
+
+
+def _stride_product(strides, flags) -> int:
+    """The product of the strides whose stage is switched on."""
+    return math.prod(stride for stride, on in zip(strides, flags) if on)
+
+
+def _flags(value, name: str) -> tuple:
+    if value is None:
+        return (True, True, True)
+    flags = tuple(bool(v) for v in value)
+    if len(flags) == 2:
+        flags = (False if name == "time_upscale" else True,) + flags
+    if len(flags) != 3:
+        raise ValueError(f"{name} takes 3 flags (one per decoder stage) or 2 (the last two), got {value!r}")
+    return flags
+
+
+def _describe(signature: tuple) -> str:
+    n, h, w, dtype, device, _ = signature
+    return f"batch {n} at {h}x{w} ({str(dtype).replace('torch.', '')} on {device})"
+
+
+def chunk_spans(total: int, most: int) -> list[tuple[int, int]]:
+    """(start, stop) of the fewest chunks of at most `most` that cover range(total), their lengths within one of
+    each other (no short last chunk: every chunk's convs get a similar batch)."""
+    count = -(-total // most)
+    bounds = [total * i // count for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _progress(items, show: bool, what: str):
+    if not show:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=f"TAEHV {what}", unit="step")

@@ -1,0 +1,66 @@
+"""How much memory a tiled or untiled TAESD run needs, and how much is free: what `tile_size="auto"` decides with.
+
+The estimate walks the encoder/decoder Sequential and finds its widest activation, in elements per image pixel (64
+channels at full resolution for every f8 variant; TAEF2's untiled GroupNorm branch holds 256 channels at 1/64 of the
+pixels, 4 per pixel). While a layer runs, about LIVE activations of that width are alive at once: a Block keeps its
+input for the skip while its convs read one buffer and write another, and the CPU convolution adds a workspace.
+LIVE comes from measurement: an untiled CPU fp32 decode of the real TAEF2 at 768 px peaked at 4.5x its widest
+activation (653 MiB above the process's prior size); with LIVE = 4.5 the estimates of 256 px tiled runs are 1.0x
+(decode) and 1.17x (encode) their measured peaks. tests/test_tiling.py::test_memory_estimate_bounds_the_measured_peak
+re-measures these in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from ..layers import Block
+
+LIVE = 4.5
+# Plan with this share of the free memory: the allocator rounds and fragments, and other work may start meanwhile.
+HEADROOM = 0.75
+
+
+def widest_activation(layers: nn.Sequential, channels: int, scale: float) -> tuple[float, int, float]:
+    """(largest activation of layers, its input included, in elements per image pixel; output channels; output scale).
+
+    channels, scale: the input's channel count and its pixels per image pixel along one side (1/8 for f8 latents)."""
+    widest = channels * scale * scale
+    for layer in layers:
+        if isinstance(layer, nn.Conv2d):
+            channels, scale = layer.out_channels, scale / layer.stride[0]
+        elif isinstance(layer, nn.Upsample):
+            scale *= float(layer.scale_factor)
+        elif isinstance(layer, Block):
+            channels = layer.conv[0].out_channels
+            if layer.pool is not None:
+                widest = max(widest, layer.pool[0].out_channels * scale * scale)
+        widest = max(widest, channels * scale * scale)
+    return widest, channels, scale
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a new allocation on `device` can use now: on CUDA what the driver reports free plus what PyTorch's
+    caching allocator holds unused; elsewhere the available RAM."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return available_ram()
+
+
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo (free memory plus caches the kernel can drop), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):  # no sysconf (Windows): plan as if 4 GiB were free
+        return 4 << 30
