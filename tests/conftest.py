@@ -221,11 +221,11 @@ def hub_offline(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def fresh_hub_probe(monkeypatch):
-    """Each test starts without the process's remembered answer of the Hub probe (taesd_fast.models.taesd.hub), so
+    """Each test starts without the process's remembered answer of the Hub probe (taesd_fast.models.hub_files), so
     one test's network (or a test's fake) does not decide for the next."""
-    from taesd_fast.models.taesd import hub
+    from taesd_fast.models import hub_files
 
-    monkeypatch.setattr(hub, "_hub_answers", {})
+    monkeypatch.setattr(hub_files, "_hub_answers", {})
 
 
 @pytest.fixture
@@ -234,9 +234,9 @@ def hub_reachable(monkeypatch):
     Hub."""
     from huggingface_hub import constants
 
-    from taesd_fast.models.taesd import hub
+    from taesd_fast.models import hub_files
 
-    monkeypatch.setattr(hub, "_hub_answers", {constants.ENDPOINT: None})
+    monkeypatch.setattr(hub_files, "_hub_answers", {constants.ENDPOINT: None})
 
 
 @pytest.fixture

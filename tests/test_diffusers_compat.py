@@ -299,8 +299,7 @@ def tiny_wan(diffusers, wan22: bool):
 
 @pytest.mark.parametrize("wan22", [True, False], ids=["wan2.2", "wan2.1"])
 def test_patch_wan_vae_decodes_like_diffusers(diffusers, wan22, monkeypatch):
-    from taesd_fast.models.taesd.diffusers import patch_wan_vae
-    from taesd_fast.models.head.diffusers import FastWanHeadConv
+    from taesd_fast.models.head.diffusers import FastWanHeadConv, patch_wan_vae
 
     vae = tiny_wan(diffusers, wan22)
     with torch.no_grad():
@@ -330,7 +329,7 @@ def test_patched_wan_vae_tiled_decode(diffusers):
     """diffusers' tiled_decode blends tiles before its clamp; the patched head clamps each tile first. Both agree
     when nothing saturates (checked here); where a tile exceeds [-1, 1] inside a blend band they differ (see
     wan_diffusers' docstring)."""
-    from taesd_fast.models.taesd.diffusers import patch_wan_vae
+    from taesd_fast.models.head.diffusers import patch_wan_vae
 
     vae = tiny_wan(diffusers, True)
     with torch.no_grad():
@@ -349,7 +348,7 @@ def test_patched_wan_vae_tiled_decode(diffusers):
 
 def test_patched_wan_vae_follows_its_parameters(diffusers):
     """load_state_dict (also assign=True, as offload hooks replace Parameters) and .to() reach the head."""
-    from taesd_fast.models.taesd.diffusers import patch_wan_vae
+    from taesd_fast.models.head.diffusers import patch_wan_vae
 
     vae, ref = tiny_wan(diffusers, True), tiny_wan(diffusers, True)
     with torch.no_grad():
@@ -366,7 +365,7 @@ def test_patched_wan_vae_follows_its_parameters(diffusers):
 
 
 def test_patch_wan_vae_rejects_other_models(diffusers, taef2):
-    from taesd_fast.models.taesd.diffusers import patch_wan_vae
+    from taesd_fast.models.head.diffusers import patch_wan_vae
 
     with pytest.raises(TypeError, match="expects a diffusers AutoencoderKLWan"):
         patch_wan_vae(taef2)

@@ -14,7 +14,7 @@ from reference_taehv import published_keys, random_state_dict
 from safetensors.torch import save_file
 
 from taesd_fast import TAEHV, TAESD
-from taesd_fast.models.taesd import hub
+from taesd_fast.models import hub_files
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_an_unreachable_hub_and_an_empty_cache_fail_at_once_in_one_line(load, tm
         load(tmp_path / "empty")
     elapsed = time.perf_counter() - start
     message = str(info.value)
-    assert elapsed < 2 * hub.HUB_PROBE_SECONDS, elapsed
+    assert elapsed < 2 * hub_files.HUB_PROBE_SECONDS, elapsed
     assert "\n" not in message
     assert "could not reach the Hugging Face Hub" in message and "HF_HUB_OFFLINE=1" in message, message
     assert downloads and all(downloads), downloads  # the cache only: no request left to retry
@@ -84,7 +84,7 @@ def test_the_probe_runs_once_per_process(monkeypatch, tmp_path):
     for _ in range(3):
         with pytest.raises(FileNotFoundError, match=r"\(ConnectionError: network is unreachable\)"):
             TAESD.from_pretrained("madebyollin/taesd", cache_dir=tmp_path)
-    assert len(asked) == 1 and asked[0][1] == hub.HUB_PROBE_SECONDS
+    assert len(asked) == 1 and asked[0][1] == hub_files.HUB_PROBE_SECONDS
 
 
 def test_a_hub_that_does_not_answer_is_given_up_on_in_time(monkeypatch):
@@ -97,9 +97,9 @@ def test_a_hub_that_does_not_answer_is_given_up_on_in_time(monkeypatch):
             release.wait(30)  # a hung DNS lookup or connection: the caller must not wait for it
 
     monkeypatch.setattr(utils, "get_session", lambda: Silent())
-    monkeypatch.setattr(hub, "HUB_PROBE_SECONDS", 0.2)
+    monkeypatch.setattr(hub_files, "HUB_PROBE_SECONDS", 0.2)
     start = time.perf_counter()
-    reason = hub.hub_unreachable_reason()
+    reason = hub_files.hub_unreachable_reason()
     release.set()
     assert time.perf_counter() - start < 1.0
     assert isinstance(reason, TimeoutError) and "within 0.2 s" in str(reason)
@@ -142,7 +142,7 @@ def test_the_video_command_fails_fast_in_one_line(capsys, tmp_path, no_network):
     start = time.perf_counter()
     code, _, err = run(capsys, "video", "roundtrip", TALKING_HEAD_CLIP, "-o", tmp_path / "out.mp4",
                        "--variant", "taew2_1", "--max-frames", "1")
-    assert time.perf_counter() - start < 2 * hub.HUB_PROBE_SECONDS
+    assert time.perf_counter() - start < 2 * hub_files.HUB_PROBE_SECONDS
     assert_user_error(code, err, "could not reach the Hugging Face Hub", "HF_HUB_OFFLINE=1")
     assert not (tmp_path / "out.mp4").exists()
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 from ... import dispatch
 from ...kernels import head as head_ops
 from ...validation import as_float_dtype, check_device, check_tensor
-from ..taesd.hub import OFFLINE_HINT, HubFiles, require_repo_id
+from ..hub_files import OFFLINE_HINT, HubFiles, require_repo_id
 from ..weights_io import WeightsError, read_state_dict
 
 CAUSAL_FRAMES = 2  # temporal kernel 3: two frames of history

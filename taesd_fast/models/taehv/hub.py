@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from ..taesd.hub import OFFLINE_HINT, HubFiles, require_repo_id
+from ..hub_files import OFFLINE_HINT, HubFiles, require_repo_id
 from ..weights_io import StateDict, WeightsError, read_state_dict, state_differences
 from .layers import ENCODER_WIDTH, IMAGE_CHANNELS, TAEHVArch, build_decoder, build_encoder
 

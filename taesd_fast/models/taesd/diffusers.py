@@ -275,10 +275,3 @@ class AutoencoderTinyFast(nn.Module):
 
     def extra_repr(self) -> str:
         return f"scaling_factor={self.config.scaling_factor}, shift_factor={self.config.shift_factor}"
-
-
-def patch_wan_vae(vae):
-    """Run the decoder head of a diffusers AutoencoderKLWan through taesd_fast's OutputHead (needs diffusers)."""
-    from ..head.diffusers import patch_wan_vae as patch
-
-    return patch(vae)
