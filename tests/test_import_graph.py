@@ -1,14 +1,17 @@
-"""The package's import graph, read from the source (ast; nothing is imported): module-level imports must not form a
-cycle. A module-level cycle makes the import order decide which names exist when, and it is how a helper module ends
-up importing half the package. Imports inside functions run later, at call time, and are listed apart: they are how
-a module reaches an optional or slow dependency (Triton) on first use, and a cycle among them is reported, not
-refused."""
+"""The package's import graph, read from the source (ast; nothing is imported): no cycle, and layers that read top
+to bottom (LAYERS): apps -> the package's public names -> models -> graphs -> dispatch -> kernels -> _backend ->
+leaves. A module-level cycle makes the import order decide which names exist when, and it is how a helper module ends
+up importing half the package. Imports inside functions run later, at call time: they are how a module reaches an
+optional or slow dependency (Triton) on first use; they count for the layers and the cycles all the same."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "taesd_fast"
 
@@ -170,11 +173,98 @@ def test_package_imports_form_no_cycle():
     assert not cycles(both), f"import cycles through call-time imports: {_describe(cycles(both))}"
 
 
+# The layers, top to bottom: a module imports only modules of its own layer or of the layers below it, at module
+# level or at call time. A layer is a list of packages and modules (a package stands for everything in it); the
+# package's __init__ (its public names) is a layer of its own, between the applications and the models, so importing
+# taesd_fast never imports an application. A module in no layer fails the test: put it in one.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("applications", ("taesd_fast.apps",)),
+    ("public names", ("taesd_fast",)),
+    ("models", ("taesd_fast.models",)),
+    ("graphs", ("taesd_fast.graphs",)),
+    ("dispatch", ("taesd_fast.dispatch",)),
+    ("kernels", ("taesd_fast.kernels",)),
+    ("backend", ("taesd_fast._backend",)),
+    ("leaves", ("taesd_fast.kernel_env", "taesd_fast.resources", "taesd_fast.timing", "taesd_fast.validation",
+                "taesd_fast.value_range")),
+)
+# Inside models: the shared modules (models/*.py) import no model, and a model imports another only where listed
+# here (AutoencoderTinyWan, TAEHV's diffusers drop-in, builds on TAESD's AutoencoderTinyFast).
+MODELS = "taesd_fast.models"
+MODEL_IMPORTS = {"taesd": set(), "head": set(), "taehv": {"taesd"}}
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS (0 is the top) of the layer `module` belongs to."""
+    for index, (_, members) in enumerate(LAYERS):
+        # taesd_fast stands for its __init__ only: every module is under it
+        if any(module == m or (m != "taesd_fast" and module.startswith(m + ".")) for m in members):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_import_graph.py")
+
+
+def _model_of(module: str) -> str | None:
+    """The model sub-package (taesd, taehv, head) `module` is in; None for the shared modules under models/."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == MODELS.split(".") else None
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up a layer, or across models where MODEL_IMPORTS does not allow it, as 'a -> b'."""
+    found = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            if layer_of(b) < layer_of(a):
+                found.append(f"{a} -> {b} ({LAYERS[layer_of(a)][0]} imports {LAYERS[layer_of(b)][0]})")
+            elif a.startswith(MODELS + ".") and b.startswith(MODELS + "."):
+                ma, mb = _model_of(a), _model_of(b)
+                if mb is not None and ma != mb and (ma is None or mb not in MODEL_IMPORTS[ma]):
+                    found.append(f"{a} -> {b} ({'shared models code' if ma is None else ma} imports model {mb})")
+    return found
+
+
+def test_the_layer_check_sees_back_arrows():
+    """On made-up edges: models importing apps, dispatch importing models, the package importing apps, a shared
+    models module importing a model, and TAESD importing TAEHV are back arrows; the other way round they are not."""
+    up = {"taesd_fast.models.taesd.model": {"taesd_fast.apps.cli", "taesd_fast.models.taehv.model"},
+          "taesd_fast.dispatch.calls": {"taesd_fast.models.layers"}, "taesd_fast": {"taesd_fast.apps.media"},
+          "taesd_fast.models.layers": {"taesd_fast.models.taesd.tiling"}}
+    assert len(back_arrows(up)) == 5, back_arrows(up)
+    down = {"taesd_fast.apps.cli": {"taesd_fast", "taesd_fast.models.taesd.model", "taesd_fast.timing"},
+            "taesd_fast.models.taehv.diffusers": {"taesd_fast.models.taesd.diffusers", "taesd_fast.models.layers"},
+            "taesd_fast.models.layers": {"taesd_fast.dispatch"}, "taesd_fast.graphs": {"taesd_fast.dispatch"},
+            "taesd_fast.dispatch.decide": {"taesd_fast._backend", "taesd_fast.kernel_env"}}
+    assert back_arrows(down) == []
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("taesd_fast.new_module")
+
+
+def test_layers_read_top_to_bottom():
+    """apps -> taesd_fast -> models -> graphs -> dispatch -> kernels -> _backend -> leaves: no import goes up, at
+    module level or at call time, and every module is in a layer."""
+    top, inner = import_graph()
+    both = {m: top[m] | inner[m] for m in top}
+    for m in both:
+        layer_of(m)
+    assert not back_arrows(both), "imports against the layers:\n" + "\n".join(back_arrows(both))
+
+
+def test_importing_the_package_imports_no_application():
+    """`import taesd_fast` (a fresh process) loads the models and the runtime, never taesd_fast.apps (the CLI, PyAV,
+    Pillow): the layers say it from the source, this says it of the running interpreter."""
+    code = "import sys, taesd_fast; print(sorted(m for m in sys.modules if m.startswith('taesd_fast.apps')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 if __name__ == "__main__":  # a report: python tests/test_import_graph.py
     top, inner = import_graph()
     print("module-level cycles:", _describe(cycles(top)) or "none")
     both = {m: top[m] | inner[m] for m in top}
     print("cycles counting function-level imports:", _describe(cycles(both)) or "none")
+    print("imports against the layers:", "; ".join(back_arrows(both)) or "none")
     for m in sorted(inner):
         if inner[m]:
             print(f"  {m} imports at call time: {', '.join(sorted(inner[m]))}")
@@ -185,6 +275,6 @@ def test_numpy_is_a_core_requirement():
     need NumPy: it is declared where it is needed, in the core requirements, not only in an extra."""
     from importlib.metadata import requires
 
-    assert "import numpy" in (PACKAGE / "apps" / "latents_io.py").read_text()  # the core module that reads latents files
+    assert "import numpy" in (PACKAGE / "apps" / "latents_io.py").read_text()  # the module that reads latents files
     core = [r for r in requires("taesd_fast") or [] if "extra ==" not in r]
     assert any(r.replace(" ", "").lower().startswith("numpy") for r in core), core
