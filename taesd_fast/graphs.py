@@ -122,7 +122,7 @@ def _replayable(x: torch.Tensor, params: list) -> bool:
 def signature(x: torch.Tensor, params: list, *extra) -> tuple:
     """What a captured graph bakes in besides the dispatch decisions: the input's shape, dtype, device and strides,
     the dispatch mode, each parameter's address and version, and the caller's `extra` flags. A graph replays only
-    for calls with the signature it was captured under (GraphCache, taehv_stream.graphed_step)."""
+    for calls with the signature it was captured under (GraphCache, models/taehv/stream.py graphed_step)."""
     return (x.shape, x.dtype, x.device, x.stride(), dispatch.get_backend(), *extra,
             tuple((p.data_ptr(), p._version) for p in params))
 
@@ -139,8 +139,8 @@ def eager_before_capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Te
 
 class CapturePolicy:
     """When a call runs as a CUDA-graph replay: the one policy of GraphCache (TAESD.encode / decode) and
-    taehv_stream.graphed_step (a TAEHV stream's step). Each call first picks up what the tuning process has answered
-    (`dispatch.poll`), then looks up its `signature`:
+    models/taehv/stream.py graphed_step (a TAEHV stream's step). Each call first picks up what the tuning process has
+    answered (`dispatch.poll`), then looks up its `signature`:
 
     - a graph captured under the current `dispatch.generation()`: replay it;
     - a graph captured under an older generation (tuning has replaced decisions since): capture again at once;

@@ -328,7 +328,7 @@ def test_patch_wan_vae_decodes_like_diffusers(diffusers, wan22, monkeypatch):
 def test_patched_wan_vae_tiled_decode(diffusers):
     """diffusers' tiled_decode blends tiles before its clamp; the patched head clamps each tile first. Both agree
     when nothing saturates (checked here); where a tile exceeds [-1, 1] inside a blend band they differ (see
-    wan_diffusers' docstring)."""
+    models/head/diffusers.py's docstring)."""
     from taesd_fast.models.head.diffusers import patch_wan_vae
 
     vae = tiny_wan(diffusers, True)
