@@ -103,8 +103,7 @@ class TPool(nn.Module):
         self.conv = conv1x1(n * stride, n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        nt, c, h, w = x.shape
-        return self.conv(x.reshape(nt // self.stride, self.stride * c, h, w))
+        return self.conv(frames_to_channels(x, self.stride))
 
 
 class TGrow(nn.Module):
@@ -118,15 +117,50 @@ class TGrow(nn.Module):
         self.conv = conv1x1(n, n * stride)
 
     def run(self, x: torch.Tensor, upscale: bool = True) -> torch.Tensor:
-        nt, c, h, w = x.shape
+        c = x.shape[1]
         if upscale or self.stride == 1:
-            y = self.conv(x)
-            return y.reshape(nt * self.stride, c, h, w)
+            return channels_to_frames(self.conv(x), self.stride)
         weight, _ = weight_rows(self.conv, slice(-c, None))
         return dispatch.conv2d(x, weight, None, layer=self.conv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def frames_to_channels(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """[n*stride, C, H, W] -> [n, stride*C, H, W]: each run of `stride` consecutive frames stacked along channels
+    (frame j of a run holds channels j*C..(j+1)*C-1), as upstream's reshape does. A channels_last input gives a
+    channels_last output (one copy), so the conv after it reads its native layout; reshape would make it NCHW."""
+    nt, c, h, w = x.shape
+    if stride == 1:
+        return x
+    if not _channels_last(x):
+        return x.reshape(nt // stride, stride * c, h, w)
+    out = torch.empty((nt // stride, stride * c, h, w), dtype=x.dtype, device=x.device,
+                      memory_format=torch.channels_last)
+    # channels_last memory is [frame, H, W, C]: copy [n, j, H, W, C] to [n, H, W, j, C].
+    out.permute(0, 2, 3, 1).view(nt // stride, h, w, stride, c).copy_(
+        x.permute(0, 2, 3, 1).view(nt // stride, stride, h, w, c).permute(0, 2, 3, 1, 4))
+    return out
+
+
+def channels_to_frames(y: torch.Tensor, stride: int) -> torch.Tensor:
+    """[n, stride*C, H, W] -> [n*stride, C, H, W], the inverse of `frames_to_channels` (TGrow's unfold into
+    frames), keeping a channels_last input channels_last."""
+    n, sc, h, w = y.shape
+    c = sc // stride
+    if stride == 1:
+        return y
+    if not _channels_last(y):
+        return y.reshape(n * stride, c, h, w)
+    out = torch.empty((n * stride, c, h, w), dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
+    out.permute(0, 2, 3, 1).view(n, stride, h, w, c).copy_(
+        y.permute(0, 2, 3, 1).view(n, h, w, stride, c).permute(0, 3, 1, 2, 4))
+    return out
 
 
 def weight_rows(conv: nn.Conv2d, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
