@@ -294,9 +294,10 @@ class TAEHV(nn.Module):
 
     def _encode(self, video: torch.Tensor, state: StreamState | None, param: torch.Tensor, graphed: bool = True):
         n, t, _, h, w = video.shape
-        x = preferred_layout(video.reshape(n * t, 3, h, w))
+        x = video.reshape(n * t, 3, h, w)
         if self.patch_size > 1:
             x = F.pixel_unshuffle(x, self.patch_size)
+        x = preferred_layout(x)  # after the unshuffle, whose output is NCHW
         state = self._state("encoder", state, n, h, w, param)
         out = self._stream(self.encoder, x, state, graphed=graphed)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
