@@ -1,4 +1,4 @@
-// head_stencil: second half of the split Wan-head conv (see taesd_fast/kernels/head.py).
+// head_stencil: second half of the split Wan-head conv (see taesd_fast/kernels/split_bf16.py and head_stencil.py).
 //
 //   out[b, t, r, w, c] = clamp(bias[c] + sum_{i,j} g[b, t, h+i-1 (as g row), w+j-1, (i*3+j)*NCH + c], -1, 1)
 //

@@ -1,6 +1,6 @@
 // The fused head's g kernel for Hopper (sm_90a): RMS norm + SiLU of the raw features, then the causal temporal GEMM
 // into g's 112 spatial-tap channels (head_stencil does the rest), and the new cache. The contract of
-// kernels/head_wgmma.py's Gluon kernel; the difference is the MMA: one m64n112k16 wgmma per tap and k-step with both
+// kernels/gluon_fused.py's Gluon kernel; the difference is the MMA: one m64n112k16 wgmma per tap and k-step with both
 // operands in shared memory (Gluon's power-of-two shapes cut g's 112 columns into 64 + 32 + 16 wgmmas, with the
 // activated frame loaded into registers for each).
 //
@@ -24,7 +24,7 @@
 //     Frames s >= T_OUT also leave, from their activated slot, as the new cache (TMA stores).
 //
 // On an H200 at the Wan chunk (T=4 + 2 cached, 352x640) it takes 0.41 ms against the Gluon kernel's 0.66; the MMA
-// warpgroup sets the pace (kernels/head_cuda.py says why; docs/lab-notes.md records the forms that were slower).
+// warpgroup sets the pace (kernels/cuda_fused.py says why; docs/lab-notes.md records the forms that were slower).
 //
 // Defines (names NVRTC's built-in headers do not use): CHUNKS = C / 64 (1..4), SLOTS (slots in all), ACT_SLOTS
 // (activated slots, >= 2: the MMAs hold one chunk's slot while the next one's MMAs are issued). T_OUT and

@@ -2,7 +2,7 @@
 
 CPU: the kernel runs in Triton's interpreter in a subprocess (TRITON_INTERPRET must be set before triton is
 imported). GPU: the real kernel, and the whole head through it. Both compare with the PyTorch activation
-(kernels.head.activate + causal_window), which is what OutputHead's PyTorch path computes.
+(kernels.head_math.activate + causal_window), which is what OutputHead's PyTorch path computes.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import textwrap
 import pytest
 import torch
 
-from taesd_fast.kernels import head as hk
+from taesd_fast.kernels import head_math
 from taesd_fast.kernels import triton_norm_split
 
 _SCRIPT = textwrap.dedent("""
     import torch
-    from taesd_fast.kernels import triton_norm_split, head as hk
+    from taesd_fast.kernels import triton_norm_split, head_math
     triton_norm_split.POISON = True  # an element the kernel does not write stays NaN and fails the comparison
     torch.manual_seed(0)
     for b, c, t, h, w, with_cache in [(1, 32, 2, 5, 7, True), (2, 64, 1, 3, 9, False), (1, 256, 3, 4, 5, True)]:
@@ -28,7 +28,7 @@ _SCRIPT = textwrap.dedent("""
         gamma = (1 + 0.1 * torch.randn(c, 1, 1, 1)).bfloat16()
         cache = torch.nn.functional.silu(torch.randn(b, c, 2, h, w)).bfloat16() if with_cache else None
         got = triton_norm_split.activated_window(x, cache, gamma, 1e-12, block_p=16, bk=16)
-        want = hk.causal_window(hk.activate(x, gamma, 1e-12), cache)
+        want = head_math.causal_window(head_math.activate(x, gamma, 1e-12), cache)
         assert got.shape == want.shape and got.is_contiguous(), (got.shape, want.shape)
         assert not got.isnan().any()
         bad = (got.float() - want.float()).abs().gt(0).float().mean().item()
@@ -61,7 +61,7 @@ def test_op_cpu_twin_and_opcheck():
     gamma = (1 + 0.1 * torch.randn(32, 1, 1, 1)).bfloat16()
     cache = torch.randn(1, 32, 2, 3, 5).bfloat16()
     got = triton_norm_split.activated_window_op(x, cache, gamma, 1e-12)
-    assert torch.equal(got, hk.causal_window(hk.activate(x, gamma, 1e-12), cache))
+    assert torch.equal(got, head_math.causal_window(head_math.activate(x, gamma, 1e-12), cache))
     for c in (cache, None):
         torch.library.opcheck(torch.ops.taesd_fast.activated_window.default, (x, c, gamma, 1e-12))
 
@@ -77,7 +77,7 @@ def test_gpu_window_and_head(with_cache, monkeypatch):
     gamma = (1 + 0.1 * torch.randn(c, 1, 1, 1, device="cuda")).bfloat16()
     cache = torch.nn.functional.silu(torch.randn(b, c, 2, h, w, device="cuda")).bfloat16() if with_cache else None
     got = triton_norm_split.activated_window(x[:, :, :], cache, gamma, 1e-12)
-    want = hk.causal_window(hk.activate(x, gamma, 1e-12), cache)
+    want = head_math.causal_window(head_math.activate(x, gamma, 1e-12), cache)
     assert not got.isnan().any()
     assert (got.float() - want.float()).abs().gt(0).float().mean().item() <= 1e-3
     weight = (torch.randn(12, c, 3, 3, 3, device="cuda") * (0.6 / (27 * c) ** 0.5)).bfloat16()
@@ -113,12 +113,12 @@ def test_gpu_opcheck_compile_and_graph_capture():
 def test_long_videos_stay_off_the_int32_kernels():
     """The Triton head kernels index one sample with int32 offsets: a whole long video in one call (here 40 frames
     at 352x640, 256 channels: 2.3e9 elements per sample) must go to PyTorch, not to the kernel."""
-    from taesd_fast.kernels import head_fused
+    from taesd_fast.kernels import head_full_common
 
     big = torch.empty(1, 256, 40, 352, 640, device="meta", dtype=torch.bfloat16)
     chunk = torch.empty(1, 256, 4, 352, 640, device="meta", dtype=torch.bfloat16)
-    assert not head_fused.per_sample_offsets_fit(big) and head_fused.per_sample_offsets_fit(chunk)
-    assert not head_fused.per_sample_offsets_fit(big[:, :, :4])  # a chunk view still strides over the whole video
+    assert not head_full_common.per_sample_offsets_fit(big) and head_full_common.per_sample_offsets_fit(chunk)
+    assert not head_full_common.per_sample_offsets_fit(big[:, :, :4])  # a chunk view still strides over the whole video
     if triton_norm_split.TRITON_ERROR is None:
         assert "int32" in triton_norm_split.unsupported_reason(tuple(big.shape), torch.bfloat16, "cuda")
         assert triton_norm_split.unsupported_reason(tuple(chunk.shape), torch.bfloat16, "cuda") is None

@@ -1,12 +1,12 @@
-"""CPU checks of the CUDA head kernel's host side (kernels/head_cuda.py) and of how head_fused picks it. The kernel
-itself runs in tests/gpu/test_head_fused_gpu.py (sm_90)."""
+"""CPU checks of row cuda_fused's host side (kernels/cuda_fused.py): its shape rule, its refusals and the operands it
+takes. The kernel itself runs in tests/gpu/test_head_fused_gpu.py (sm_90)."""
 
 import pytest
 import torch
 
 from taesd_fast import _backend
-from taesd_fast.kernels import head_cuda as hc
-from taesd_fast.kernels import head_fused as hf
+from taesd_fast.kernels import cuda_fused as hc
+from taesd_fast.kernels import head_full_common as common
 
 
 def test_rings_and_weights_fit_in_shared_memory():
@@ -47,38 +47,21 @@ def test_reason_checks_tma_strides_and_failures(monkeypatch):
     assert "NVRTC could not compile" in hc.unsupported_reason(x, None)
 
 
-def test_auto_prefers_cuda_then_gluon_then_triton(monkeypatch):
-    """The op's "auto" variant (the bench's and direct callers' default; the dispatcher names a row instead)."""
-    from taesd_fast.kernels import head_wgmma
-
+def test_the_row_says_why_it_cannot_run(monkeypatch):
+    """The row's g kernel runs or raises naming why: its shape rule, or an earlier compile failure."""
     x = torch.randn(1, 64, 2, 4, 8).bfloat16()
-    monkeypatch.setattr(hc, "unsupported_reason", lambda f, c: None)
-    monkeypatch.setattr(head_wgmma, "unsupported_reason", lambda f, c: None)
-    assert hf._variant("auto", x, None) == hf.CUDA_SM90
-    monkeypatch.setattr(hc, "unsupported_reason", lambda f, c: "NVRTC could not compile")
-    assert hf._variant("auto", x, None) == hf.HOPPER
-    monkeypatch.setattr(head_wgmma, "unsupported_reason", lambda f, c: "needs an sm_90 GPU")
-    assert hf._variant("auto", x, None) == "roll"
-    assert hf._variant(hf.CUDA_SM90, x, None) == hf.CUDA_SM90  # a named variant is taken as named
-
-
-def test_named_cuda_variant_says_why_it_cannot_run(monkeypatch):
-    """A named g kernel runs or raises naming why: its shape rule, or an earlier compile failure."""
-    x = torch.randn(1, 64, 2, 4, 8).bfloat16()
-    with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: needs an sm_90 GPU"):
-        hf._hopper_operands(hf.CUDA_SM90, x, None)
+    with pytest.raises(ValueError, match="row 'cuda_fused' cannot run this call: needs an sm_90 GPU"):
+        hc.launch_g(x, None, None, None, None, None, 1e-12)
     monkeypatch.setattr(hc, "shape_reason", lambda *a: None)
     monkeypatch.setattr(hc, "_failure", ["RuntimeError: NVRTC could not compile"])
     with pytest.raises(ValueError, match="cannot run this call: RuntimeError: NVRTC could not compile"):
-        hf._hopper_operands(hf.CUDA_SM90, x, None)
+        hc.launch_g(x, None, None, None, None, None, 1e-12)
 
 
-def test_misaligned_frames_are_copied_not_refused(monkeypatch):
-    """TMA needs 16-byte aligned frames: a named Hopper variant copies features and cache that are not, instead of
-    taking another kernel; aligned ones are passed through untouched."""
-    monkeypatch.setattr(hc, "shape_reason", lambda *a: None)
-    monkeypatch.setattr(hc, "_failure", [])
+def test_misaligned_frames_are_copied_not_refused():
+    """TMA needs 16-byte aligned frames: a Hopper row copies features and cache that are not, instead of refusing
+    the call; aligned ones are passed through untouched."""
     x = torch.randn(2, 64, 6, 4, 8).bfloat16()
     shifted = torch.randn(2 * 64 * 2 * 32 + 1).bfloat16()[1:].view(2, 64, 2, 4, 8)  # base 2 bytes off
-    f, c = hf._hopper_operands(hf.CUDA_SM90, x, shifted)
+    f, c = common.hopper_operands("cuda_fused", None, x, shifted)
     assert f is x and c.data_ptr() % 16 == 0 and torch.equal(c, shifted)

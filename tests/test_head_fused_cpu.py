@@ -1,8 +1,9 @@
-"""CPU checks of the fused Triton head (taesd_fast.kernels.head_fused): the PyTorch twin against OutputHead, the
-argument checks and fake impl, and the g kernel itself run by the Triton interpreter.
+"""CPU checks of the fused head: its shared part (taesd_fast.kernels.head_full_common: the PyTorch twin against
+OutputHead, the argument checks and fake impl, the op naming its row) and row triton_fused's g kernel itself
+(taesd_fast.kernels.triton_fused) run by the Triton interpreter.
 
 The interpreter must be switched on (TRITON_INTERPRET=1) before the kernels are decorated, i.e. before
-head_fused is imported, which this pytest process has already done. So the interpreter cases run in one
+triton_fused is imported, which this pytest process has already done. So the interpreter cases run in one
 subprocess: this file run as a script, which prints one JSON line of measurements per case; the tests here assert
 on them. head_stencil is a CUDA op, so the interpreter cases finish g with its twin head_stencil_ref.
 
@@ -25,15 +26,20 @@ import torch
 
 from conftest import random_output_head
 from taesd_fast import OutputHead
-from taesd_fast.kernels import head as hk
-from taesd_fast.kernels import head_fused as hf
+from taesd_fast.kernels import head_full_common as common
+from taesd_fast.kernels import head_stencil as hs
+from taesd_fast.kernels import split_bf16 as hk
+from taesd_fast.kernels import triton_fused as tf
+from taesd_fast.kernels.head_g_layout import GC, pack_weight
+from taesd_fast.kernels.triton_bf16 import INTERPRETED
+from taesd_fast.kernels.triton_import import TRITON_ERROR
 
 EPS = 1e-12
 # (variant, B, C, T, H, W, with cache, block_m, block_k, seed): odd H/W; 9x8 = 72 pixels at block_m=32 gives
 # three pixel blocks, the last partial; T=1 makes the new cache take an old cache frame (or a zero frame).
 INTERP_CASES = [
     (v, *shape)
-    for v in hf.VARIANTS
+    for v in tf.VARIANTS
     for shape in [
         (1, 256, 1, 5, 7, False, 64, 64, 1),
         (1, 256, 1, 5, 7, True, 64, 64, 2),
@@ -88,18 +94,18 @@ def _interp_case(variant, b, c, t, h, w, with_cache, block_m, block_k, seed) -> 
     gamma, weight, bias = (head.norm_out.gamma.bfloat16(), head.conv_out.weight.bfloat16(),
                            head.conv_out.bias.bfloat16())
     scale = head.in_channels ** 0.5
-    g = torch.full((b, t, h, w, hf.GC), float("nan"), dtype=torch.bfloat16)
+    g = torch.full((b, t, h, w, GC), float("nan"), dtype=torch.bfloat16)
     new_cache = torch.full((b, c, 2, h, w), float("nan"), dtype=torch.bfloat16)
     gs = (gamma.float().reshape(-1) * scale).contiguous()
-    hf.launch_head_g(features, cache, gs, hf.pack_weight_taps(weight), g, new_cache, EPS, variant=variant,
+    tf.launch_head_g(features, cache, gs, common.pack_weight_taps(weight), g, new_cache, EPS, variant=variant,
                      block_m=block_m, block_k=block_k, num_warps=4, num_stages=2)
     finite = bool(torch.isfinite(g).all() and torch.isfinite(new_cache).all())
-    out = hk.head_stencil_ref(torch.nan_to_num(g), bias.float(), t, 0, h, h, 0)
+    out = hs.head_stencil_ref(torch.nan_to_num(g), bias.float(), t, 0, h, h, 0)
     ref, out16, cache16 = _references(head, features, cache)
     # the twin's g: the same activation, conv_n128_ref (fp32 sum of the bf16 values, rounded once)
-    act = hf.activate_ref(features, gamma, EPS, scale)
+    act = common.activate_ref(features, gamma, EPS, scale)
     window = torch.cat([act.new_zeros(b, c, 2, h, w) if cache is None else cache, act], dim=2)
-    g_twin = hk.conv_n128_ref(window, hk.pack_weight(weight))
+    g_twin = hk.conv_n128_ref(window, pack_weight(weight))
     mism, steps = _cache_mismatch(new_cache, cache16)
     return {
         "finite": finite,
@@ -113,15 +119,15 @@ def _interp_case(variant, b, c, t, h, w, with_cache, block_m, block_k, seed) -> 
 
 
 def _worker() -> None:
-    assert hf._INTERPRETED, "run with TRITON_INTERPRET=1 set before triton is imported"
+    assert INTERPRETED, "run with TRITON_INTERPRET=1 set before triton is imported"
     for case in INTERP_CASES:
         print(json.dumps({"case": list(case), **_interp_case(*case)}), flush=True)
 
 
 @pytest.fixture(scope="module")
 def interp_results() -> dict:
-    if not hf.triton_available():
-        pytest.skip(f"triton interpreter unavailable: {hf.triton_unavailable_reason()}")
+    if TRITON_ERROR is not None:
+        pytest.skip(f"triton interpreter unavailable: {TRITON_ERROR}")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -157,7 +163,7 @@ def test_twin_equals_output_head_fp32(b, t, h, w, with_cache):
     features, cache = features.float(), None if cache is None else cache.float()
     with torch.no_grad():
         ref, ref_cache = head(features, cache)
-    out, new_cache = hf.fused_head_ref(features, cache, head.norm_out.gamma, head.conv_out.weight,
+    out, new_cache = common.fused_head_ref(features, cache, head.norm_out.gamma, head.conv_out.weight,
                                        head.conv_out.bias, EPS, head.in_channels ** 0.5)
     assert out.is_contiguous(memory_format=torch.channels_last_3d) and new_cache.is_contiguous()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -169,7 +175,7 @@ def test_twin_bf16_error_budget(with_cache):
     head = _head(256, seed=7)
     features, cache = _inputs(2, 256, 3, 5, 7, with_cache, seed=7)
     ref, out16, cache16 = _references(head, features, cache)
-    out, new_cache = hf.fused_head_ref(features, cache, head.norm_out.gamma.bfloat16(),
+    out, new_cache = common.fused_head_ref(features, cache, head.norm_out.gamma.bfloat16(),
                                        head.conv_out.weight.bfloat16(), head.conv_out.bias.bfloat16(), EPS,
                                        head.in_channels ** 0.5)
     assert out.dtype == torch.bfloat16
@@ -182,16 +188,16 @@ def test_chunked_twin_equals_one_shot():
     features, _ = _inputs(1, 32, 4, 5, 6, False, seed=8)
     args = (head.norm_out.gamma, head.conv_out.weight, head.conv_out.bias, EPS, head.in_channels ** 0.5)
     features = features.float()
-    one, one_cache = hf.fused_head_ref(features, None, *args)
-    a, cache = hf.fused_head_ref(features[:, :, :1], None, *args)
-    b, cache = hf.fused_head_ref(features[:, :, 1:], cache, *args)
+    one, one_cache = common.fused_head_ref(features, None, *args)
+    a, cache = common.fused_head_ref(features[:, :, :1], None, *args)
+    b, cache = common.fused_head_ref(features[:, :, 1:], cache, *args)
     torch.testing.assert_close(torch.cat([a, b], dim=2), one, rtol=1e-6, atol=1e-6)
     assert torch.equal(cache, one_cache)
 
 
 def test_pack_weight_taps_layout():
     w = torch.randn(12, 16, 3, 3, 3)
-    wk = hf.pack_weight_taps(w)
+    wk = common.pack_weight_taps(w)
     assert wk.shape == (3, 16, 128) and wk.dtype == torch.bfloat16 and wk.is_contiguous()
     for k in range(3):
         for i in range(3):
@@ -210,15 +216,15 @@ def _args(b=1, c=32, t=2, h=4, w=5, dtype=torch.bfloat16, device="cpu"):
 
 def test_op_refuses_cpu_and_non_bf16_with_clear_errors():
     with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
-        hf.fused_head(*_args())
+        common.fused_head("triton_fused", *_args())
     args = _args(dtype=torch.float32)
     if torch.cuda.is_available():  # on a CUDA machine the dtype check is the one that fires
         args = _args(dtype=torch.float32, device="cuda")
         with pytest.raises(ValueError, match="needs torch.bfloat16 features, got torch.float32"):
-            hf.fused_head(*args)
+            common.fused_head("triton_fused", *args)
     else:
         with pytest.raises(ValueError, match="needs CUDA"):
-            hf.fused_head(*args)
+            common.fused_head("triton_fused", *args)
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -234,22 +240,29 @@ def test_shape_errors_name_expected_and_actual(mutate, match):
     args = _args()
     mutate(args)
     with pytest.raises(ValueError, match=match):
-        hf.fused_head(*args)
+        common.fused_head("triton_fused", *args)
     with pytest.raises(ValueError, match=match):
-        hf.fused_head_ref(*args)
+        common.fused_head_ref(*args)
 
 
 def test_unsupported_reason():
-    assert "CUDA" in hf.fused_head_unsupported_reason(*_args()[:5])
-    assert "power of two" in hf._kernel_reason(48, torch.bfloat16, "cuda")
-    assert hf._kernel_reason(256, torch.bfloat16, "cuda") == hf.triton_unavailable_reason()
-    assert "gamma must hold C=32" in hf.fused_head_unsupported_reason(*_args()[:2], torch.ones(31), *_args()[3:5])
+    assert "CUDA" in common.fused_head_unsupported_reason(*_args()[:5])
+    assert "power of two" in common.kernel_reason(48, torch.bfloat16, "cuda")
+    assert common.kernel_reason(256, torch.bfloat16, "cuda") is None
+    assert "gamma must hold C=32" in common.fused_head_unsupported_reason(*_args()[:2], torch.ones(31), *_args()[3:5])
+
+
+def test_the_op_names_its_row():
+    """No kernel is picked inside the fused head: the caller names the row (the dispatcher measures which)."""
+    for row in ("auto", "roll", "wgmma", "triton_norm_split"):
+        with pytest.raises(ValueError, match=r"row must be one of \('cuda_fused', 'gluon_fused', 'triton_fused'\)"):
+            common.fused_head_with(row, *_args())
 
 
 def test_fake_impl_shapes_and_layouts():
     f = torch.empty(2, 256, 3, 5, 7, device="meta", dtype=torch.bfloat16)
     w = torch.empty(12, 256, 3, 3, 3, device="meta", dtype=torch.bfloat16)
-    out, cache = hf.fused_head(f, None, torch.empty(256, 1, 1, 1, device="meta"), w,
+    out, cache = common.fused_head("triton_fused", f, None, torch.empty(256, 1, 1, 1, device="meta"), w,
                                torch.empty(12, device="meta"), EPS, 16.0)
     assert out.shape == (2, 12, 3, 5, 7) and out.is_contiguous(memory_format=torch.channels_last_3d)
     assert cache.shape == (2, 256, 2, 5, 7) and cache.is_contiguous() and cache.dtype == torch.bfloat16
@@ -257,9 +270,9 @@ def test_fake_impl_shapes_and_layouts():
 
 def test_module_imports_without_triton():
     code = ("import sys; sys.modules['triton'] = None\n"
-            "from taesd_fast.kernels import head_fused as hf\n"
-            "assert not hf.triton_available() and 'triton' in hf.triton_unavailable_reason()\n"
-            "print(hf._kernel_reason(256, __import__('torch').bfloat16, 'cuda'))")
+            "from taesd_fast.kernels import head_full_common, triton_fused as tf\n"
+            "assert tf.launch_head_g and not tf.KERNELS\n"
+            "print(tf.TRITON_ERROR)")
     root = str(Path(__file__).resolve().parents[1])
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
                           cwd=root, env={**os.environ, "PYTHONPATH": root})
@@ -269,9 +282,10 @@ def test_module_imports_without_triton():
 
 def test_set_default_config_checks_keys():
     with pytest.raises(ValueError, match="unknown keys"):
-        hf.set_default_config(blockm=64)
-    with pytest.raises(ValueError, match="variant"):
-        hf.set_default_config(variant="nope")
+        tf.set_default_config(blockm=64)
+    for variant in ("nope", "auto", "wgmma"):  # the Triton kernel's variants only: the Hopper kernels are rows
+        with pytest.raises(ValueError, match="variant"):
+            tf.set_default_config(variant=variant)
 
 
 if __name__ == "__main__":

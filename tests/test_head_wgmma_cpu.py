@@ -1,11 +1,12 @@
-"""CPU checks of the Gluon head kernel's host side (kernels/head_wgmma.py) and of how head_fused picks it.
-The kernel itself runs in tests/gpu/test_head_fused_gpu.py (sm_90)."""
+"""CPU checks of row gluon_fused's host side (kernels/gluon_fused.py): its shape rule, the TMA views and descriptors,
+its refusals, the transposed weight. The kernel itself runs in tests/gpu/test_head_fused_gpu.py (sm_90)."""
 
 import pytest
 import torch
 
-from taesd_fast.kernels import head_fused as hf
-from taesd_fast.kernels import head_wgmma as hw
+from taesd_fast.kernels import gluon_fused as hw
+from taesd_fast.kernels import head_full_common as common
+from taesd_fast.kernels.head_g_layout import GC, pack_weight
 from taesd_fast.kernels.tma_pdl import frames_tma_reason
 
 pytestmark = pytest.mark.skipif(hw._GLUON_ERROR is not None, reason=f"no Gluon: {hw._GLUON_ERROR}")
@@ -37,7 +38,7 @@ def test_shape_reason_names_the_limit(monkeypatch):
 
 
 def test_tma_alignment_reason():
-    # Both Hopper head kernels (this one and head_cuda's) load the frames as TMA boxes through this check.
+    # Both Hopper head kernels (this one and cuda_fused's) load the frames as TMA boxes through this check.
     x = torch.randn(2, 64, 6, 4, 8).bfloat16()
     assert frames_tma_reason(x, None) is None
     assert frames_tma_reason(x[:, :, 2:], x[:, :, :2]) is None  # frame slices keep 16-byte strides
@@ -58,7 +59,7 @@ def test_unsupported_reason_checks_tma_strides(monkeypatch):
 
 
 def test_frames_layout_gives_size_one_dims_dense_strides():
-    # The TMA view of both Hopper head kernels (head_cuda's descriptors take it innermost first).
+    # The TMA view of both Hopper head kernels (cuda_fused's descriptors take it innermost first).
     x = torch.zeros(1, 256, 4, 8, 16, dtype=torch.bfloat16)
     shape, strides = hw.frames_layout(x[:, :, 1:2], 1)  # T = 1 and B = 1: torch may give those dims any stride
     assert shape == [1, 256, 1, 128]
@@ -77,29 +78,16 @@ def test_descriptor_boxes():
     assert list(d.block_shape) == [1, 64, 1, 64]
 
 
-def test_auto_variant_falls_back_and_forced_variant_says_why():
+def test_the_row_says_why_it_cannot_run():
     features = torch.randn(1, 256, 2, 8, 8).bfloat16()
-    assert hf._variant("auto", features, None) == "roll"  # CPU: not sm_90
-    assert hf._variant("per_t", features, None) == "per_t"
-    with pytest.raises(ValueError, match="variant 'wgmma' cannot run this call: needs an sm_90 GPU"):
-        hf._hopper_operands("wgmma", features, None)
-
-
-def test_set_default_config_accepts_the_hopper_variant():
-    old = dict(hf.DEFAULT_CONFIG)
-    try:
-        hf.set_default_config(variant="wgmma")
-        assert hf.DEFAULT_CONFIG["variant"] == "wgmma"
-        hf.set_default_config(variant="auto")
-    finally:
-        hf.DEFAULT_CONFIG.clear()
-        hf.DEFAULT_CONFIG.update(old)
+    with pytest.raises(ValueError, match="row 'gluon_fused' cannot run this call: needs an sm_90 GPU"):
+        hw.launch_g(features, None, None, None, None, None, 1e-12)
 
 
 def test_transposed_taps_are_the_packed_weight():
     # W^T[k, n, cin] = pack_weight(weight)[n, cin, k]: tap k of g column n (9 spatial taps x 12 outputs).
     weight = torch.randn(12, 64, 3, 3, 3)
-    wt = hf.pack_weight_taps_t(weight)
-    assert wt.shape == (3, hf.GC, 64) and wt.dtype == torch.bfloat16 and wt.is_contiguous()
-    packed = hf._split.pack_weight(weight).reshape(-1, 64, 3)[: hf.GC]
+    wt = common.pack_weight_taps_t(weight)
+    assert wt.shape == (3, GC, 64) and wt.dtype == torch.bfloat16 and wt.is_contiguous()
+    packed = pack_weight(weight).reshape(-1, 64, 3)[:GC]
     assert torch.equal(wt, packed.permute(2, 0, 1).bfloat16())

@@ -41,18 +41,18 @@ def head_full(x_shape, c_out=12, cache=True, dtype=BF16, patch=0, device="cuda:0
 @pytest.fixture
 def h200(monkeypatch):
     """Pretend the spec's device is an H200: sm_90, 132 SMs, Triton and NVRTC usable."""
-    from taesd_fast.kernels import (conv_launch, gluon_conv_narrow, cuda_conv_rows, triton_conv, triton_conv_tma, gluon_conv_up, head_cuda,
-                                    head_wgmma)
+    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_fused, gluon_conv_narrow, gluon_conv_up,
+                                    gluon_fused, triton_conv, triton_conv_tma)
 
     monkeypatch.setattr(conv_launch, "is_sm90", lambda device: True)
-    monkeypatch.setattr(head_wgmma, "is_sm90", lambda device: True)
+    monkeypatch.setattr(gluon_fused, "is_sm90", lambda device: True)
     monkeypatch.setattr(triton_conv_tma, "capability", lambda device: (9, 0))
-    monkeypatch.setattr(head_cuda, "capability", lambda device: (9, 0))
+    monkeypatch.setattr(cuda_fused, "capability", lambda device: (9, 0))
     for m in (gluon_conv_up, gluon_conv_narrow):
         monkeypatch.setattr(m, "sm_count", lambda device: 132)
     for m in (triton_conv, triton_conv_tma):
         monkeypatch.setattr(m, "triton_unavailable_reason", lambda device: None)
-    monkeypatch.setattr(head_cuda, "_failure", [])
+    monkeypatch.setattr(cuda_fused, "_failure", [])
     monkeypatch.setattr(cuda_conv_rows, "_failure", [])
 
 
@@ -70,6 +70,7 @@ def test_table_lists_each_kernel_once_with_its_module_functions():
         seen.add((r.kind, r.name))
         assert r.kind in ("conv2d", "head", "head_full") and r.layouts and isinstance(r.nvrtc, bool)
         assert (Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / f"{r.module}.py").is_file()
+        assert r.module == (r.name if not r.name.startswith("simt_f16_") else "simt_conv"), "a row lives in its module"
     assert CONV_ROWS == ["triton_conv", "triton_conv_tma", "gluon_conv_rows", "gluon_conv_tile", "gluon_conv_up",
                          "gluon_conv_narrow", "cuda_conv_rows", "simt_f16_tile", "simt_f16_ocb4", "simt_f16_rb"]
     assert sorted(rows.DEFAULT_ORDER) == sorted({r.name for r in rows.KERNEL_ROWS})

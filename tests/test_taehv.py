@@ -173,3 +173,36 @@ def test_uint8_output(family):
     as_bytes = model.decode_video(latents, uint8=True)
     assert as_bytes.dtype == torch.uint8
     assert torch.equal(as_bytes, frames.mul(255).round().to(torch.uint8))
+
+
+@pytest.mark.parametrize("stride", [1, 2, 4])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_time_folds_equal_upstream_reshape_and_keep_the_layout(stride, channels_last):
+    """TPool's frames -> channels and TGrow's channels -> frames: the same values as upstream's reshape, and a
+    channels_last input stays channels_last (the conv after it then reads its native layout on the GPU)."""
+    from taesd_fast.models.taehv.layers import channels_to_frames, frames_to_channels
+
+    gen = torch.Generator().manual_seed(stride)
+    x = torch.randn(3 * stride, 5, 4, 6, generator=gen)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    folded = frames_to_channels(x.contiguous(memory_format=fmt), stride)
+    assert torch.equal(folded, x.reshape(3, 5 * stride, 4, 6))
+    grown = channels_to_frames(folded, stride)
+    assert torch.equal(grown, x)
+    for t in (folded, grown):
+        assert t.is_contiguous(memory_format=fmt)
+
+
+def test_channels_last_run_equals_contiguous(family, monkeypatch):
+    """The whole decode and encode with every activation channels_last (as on CUDA) equal the contiguous run."""
+    import taesd_fast.models.taehv.model as taehv_module
+
+    _, _, model = family
+    latents = _latents(model, 3, seed=7)
+    video = torch.rand(1, 5, 3, *(8 * s * model.patch_size for s in _hw(model)),
+                       generator=torch.Generator().manual_seed(8))
+    plain = model.decode_video(latents), model.encode_video(video)
+    monkeypatch.setattr(taehv_module, "preferred_layout", lambda x: x.contiguous(memory_format=torch.channels_last))
+    last = model.decode_video(latents), model.encode_video(video)
+    for a, b in zip(plain, last):
+        assert rel_err(a, b) <= REL_TOL

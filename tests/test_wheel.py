@@ -114,7 +114,8 @@ def installed(tmp_path_factory):
 def test_wheel_holds_every_module_source_and_weight(installed):
     wheel, _, _ = installed
     inside = set(zipfile.ZipFile(wheel).namelist())
-    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "taesd_fast").rglob("*.py")}
+    modules = {p.relative_to(ROOT).as_posix() for pattern in ("*.py", "*.json")
+               for p in (ROOT / "taesd_fast").rglob(pattern)}
     missing = sorted(modules - inside)
     assert not missing, f"not in the wheel (add the subpackage to [tool.setuptools] packages): {missing}"
     sources = {f"taesd_fast/_csrc/{p.name}" for p in resources.csrc_sources(ROOT / "csrc")}

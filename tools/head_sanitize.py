@@ -1,5 +1,6 @@
-"""The split head's kernels (kernels/head.py: conv_n128's GEMM / cuDNN forms, then our NVRTC stencil head_stencil,
-csrc/head_bf16.cu) on small odd shapes, for compute-sanitizer memcheck / racecheck (tools/sanitize.sh).
+"""The split head's kernels (kernels/split_bf16.py: conv_n128's GEMM / cuDNN forms, then our NVRTC stencil,
+kernels/head_stencil.py and csrc/head_bf16.cu) on small odd shapes, for compute-sanitizer memcheck / racecheck
+(tools/sanitize.sh).
 
     python3 tools/head_sanitize.py
 
@@ -24,21 +25,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from kernel_checks import Tally, has_nan, rel_err
 
-from taesd_fast.kernels import head as hk
+from taesd_fast.kernels import head_stencil as hs
+from taesd_fast.kernels import split_bf16 as hk
+from taesd_fast.kernels.head_g_layout import pack_weight
 
 
 def check_stencil(tally: Tally, what: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:
     """The stencil kernel alone, into poisoned outputs, against its twin on the same g."""
     _, _, frames, h, _ = x.shape
     t = frames - 2
-    g64 = hk.conv_n128_ref(x.cpu().float(), hk.pack_weight(w.cpu().float()))  # pixel-major g, as the GEMM gives
+    g64 = hk.conv_n128_ref(x.cpu().float(), pack_weight(w.cpu().float()))  # pixel-major g, as the GEMM gives
     n_out = b.shape[0]
     for g_dtype in (torch.bfloat16, torch.float32):
         for patch in (p for p in (0, 2) if p == 0 or n_out % (p * p) == 0):  # unpatchify needs C_out % p² == 0
             g_cpu = g64.to(g_dtype)
-            want = hk.head_stencil_ref(g_cpu, b.cpu(), t, 0, h, h, 0, patch)
+            want = hs.head_stencil_ref(g_cpu, b.cpu(), t, 0, h, h, 0, patch)
             out = torch.full_like(want, float("nan"), device="cuda")  # want's strides: the kernel's output layout
-            hk.launch_head_stencil(g_cpu.cuda(), b.float(), out, 0, h, 0, patch)
+            hs.launch_head_stencil(g_cpu.cuda(), b.float(), out, 0, h, 0, patch)
             torch.cuda.synchronize()
             label = f"{what} g {str(g_dtype)[6:]} patch {patch}"
             ok = not has_nan(out) and torch.equal(out.cpu(), want)

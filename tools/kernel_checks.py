@@ -12,11 +12,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from taesd_fast.kernels import simt_conv, conv_contract, triton_norm_split, head_fused
+from taesd_fast.kernels import simt_conv, conv_contract, triton_norm_split, head_full_common
 
 # Every kernel output the API lets us poison: the tensor-core convs' outputs (conv_contract.new_out), the SIMT
 # convs' output, the fused head's g and new cache, the norm kernel's window.
-POISON_FLAGS = ((conv_contract, "POISON_OUTPUT"), (simt_conv, "POISON_OUTPUT"), (head_fused, "POISON"),
+POISON_FLAGS = ((conv_contract, "POISON_OUTPUT"), (simt_conv, "POISON_OUTPUT"), (head_full_common, "POISON"),
                 (triton_norm_split, "POISON"))
 
 

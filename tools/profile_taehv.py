@@ -180,9 +180,10 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
     groups = {label: statistics.median(r.get(label, 0.0) for r in runs_ms) for label in dict.fromkeys(units.values())}
     groups["other (past frames, pixel shuffle, clamp, output)"] = max(0.0, plain - sum(groups.values()))
     rec.bytes["other (past frames, pixel shuffle, clamp, output)"] = out.numel() * out.element_size()
-    chunk = model._chunk_length("decoder", latents, z.shape[-2], z.shape[-1], next(model.decoder.parameters()))
+    outer, inner, _ = model._decode_chunks(latents, z.shape[-2], z.shape[-1], next(model.decoder.parameters()))
+    chunk = f"{outer} latent frames, then the last stage {inner} frames"
     lines = [f"TAEHV {variant} decode_video: {latents} latent frames -> {tuple(out.shape[1:])} "
-             f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, chunks of {chunk} latent frames); "
+             f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, chunks of {chunk}); "
              f"{plain:.3f} ms per decode (median of {runs}), {hooked:.3f} ms with the hooks' events"
              + (f"; peak {peak_gb:.2f} GB beyond the model and latents" if cuda else ""),
              f"floors: {peak_tflops:g} TFLOP/s, {peak_gbs:g} GB/s", "",

@@ -6,8 +6,9 @@
 
 For each latent count: the user's call `model.decode_video(z)` (fp16, default chunk_bytes) with its ms (median),
 peak GB (torch.cuda.max_memory_allocated during the call, the model and latents included), the output's GB and
-the chunk length. Then, for the first latent count, the same at each chunk budget (TAEHV.chunk_bytes; inf is one
-chunk, the whole video at once), so the default's memory/speed trade-off can be read off. Random weights in the
+the chunk lengths (latent frames per chunk of the low-resolution layers / frames per chunk of the last stage).
+Then, for the first latent count, the same at each chunk budget (TAEHV.chunk_bytes; inf is one chunk, the whole
+video at once), so the default's memory/speed trade-off can be read off. Random weights in the
 published layout. With $OUT set the table is also written to $OUT/taehv_memory.md.
 """
 
@@ -33,7 +34,8 @@ def measure(model, z: torch.Tensor, uint8: bool) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     param = next(model.decoder.parameters())
-    chunk = model._chunk_length("decoder", z.shape[1], z.shape[-2], z.shape[-1], param)
+    outer, inner, _ = model._decode_chunks(z.shape[1], z.shape[-2], z.shape[-1], param)
+    chunk = f"{outer} latents / {inner} frames"
     with torch.no_grad():
         out = model.decode_video(z, uint8=uint8)  # warm-up
         out_gb = out.numel() * out.element_size() / 1e9

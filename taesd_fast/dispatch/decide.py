@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .. import _backend, kernel_env
-from . import measure, store, table
+from . import known, measure, store, table
 from .spec import Spec
 
 MODES = ("auto", "torch", "kernels")
@@ -228,6 +228,16 @@ def pick(spec: Spec, mode: str, rows: list[table.Row], skipped: dict, entry: dic
     return _record(spec, ref, why, ms, skipped)
 
 
+def time_shortlist(spec: Spec, rows: list[table.Row], meta: tuple, graph: bool, **options) -> tuple[dict, dict]:
+    """(ms, failed) of the rows worth timing (known.shortlist: on a GPU model the package was measured on, the rows
+    that lost clearly there are not compiled again); the rows left out are in failed with the reason."""
+    rows, left_out = known.shortlist(device_name(spec.device), spec, graph, rows)
+    if not any(r.kernel for r in rows):
+        return {}, left_out
+    ms, failed = measure.time_candidates(rows, spec, meta, graph, **options)
+    return ms, {**left_out, **failed}
+
+
 def provisional(spec: Spec) -> Record:
     """What a call runs while the tuning process works on its spec: PyTorch."""
     return _record(spec, table.reference(spec.kind).name, "PyTorch while the tuning process times kernels", {}, {})
@@ -252,7 +262,7 @@ def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tu
         elif in_capture or torch.compiler.is_compiling():
             why = "not timed (compiling/capturing)"
         else:
-            ms, failed = measure.time_candidates(rows, spec, meta(), graph, progress=True)
+            ms, failed = time_shortlist(spec, rows, meta(), graph, progress=True)
             store.put(key, ms, failed)
             entry, why = {"ms": ms, "failed": failed}, "measured"
     elif entry is None:

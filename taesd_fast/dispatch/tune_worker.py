@@ -137,7 +137,7 @@ def tune(job: dict) -> dict:
         return {"ms": entry["ms"], "failed": {}}
     threads = int(os.environ.get("TAESD_FAST_TUNING_THREADS", min(8, os.cpu_count() or 1)))
     if not spec.on_cuda:
-        ms, failed = measure.time_candidates(rows, spec, meta, graph, threads=threads)
+        ms, failed = decide.time_shortlist(spec, rows, meta, graph, threads=threads)
     else:
         budget, need = _memory_budget(spec.device), measure.bytes_needed(spec, meta)
         if need > budget:
@@ -148,7 +148,7 @@ def tune(job: dict) -> dict:
         _cap_allocator(spec.device, budget)
         try:
             with torch.cuda.device(torch.device(spec.device)), torch.no_grad():
-                ms, failed = measure.time_candidates(rows, spec, meta, graph, threads=threads)
+                ms, failed = decide.time_shortlist(spec, rows, meta, graph, threads=threads)
         finally:
             torch.cuda.empty_cache()
     store.put(tkey, ms, failed, path)

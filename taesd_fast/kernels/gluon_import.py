@@ -1,5 +1,5 @@
 """Triton's Gluon API for Hopper, imported once for the Gluon kernels (gluon_conv_rows, gluon_conv_tile, gluon_conv_up, gluon_conv_narrow,
-head_wgmma). Without it (an older Triton, or none) the names are None and GLUON_ERROR says why; those kernels then
+gluon_fused). Without it (an older Triton, or none) the names are None and GLUON_ERROR says why; those kernels then
 report it as their reason."""
 
 try:

@@ -1,6 +1,7 @@
 """The Wan output head's PyTorch arithmetic around its conv: RMS norm, SiLU, the causal window and unpatchify. The
-PyTorch rows (dispatch/torch_ops.py), OutputHead and the kernels' PyTorch twins (kernels/head.py and the fused head
-modules) all compute these; a leaf module, so the dispatcher can import it without importing a kernel module."""
+PyTorch rows (dispatch/torch_ops.py), OutputHead and the kernels' PyTorch twins (split_bf16, head_stencil,
+head_full_common) all compute these; a leaf module, so the dispatcher can import it without importing a kernel
+module."""
 
 from __future__ import annotations
 

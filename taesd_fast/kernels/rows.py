@@ -1,7 +1,8 @@
 """Every kernel the dispatcher can choose, one Row (row.py) each: the dispatcher's table (dispatch/table.py) is its
 PyTorch rows + KERNEL_ROWS, these very objects; look a row up with dispatch.table.row(kind, name).
 
-Each row names its kernel module; the module defines the row's support rule (`spec_unsupported_reason(spec)`), its
+Each row names its kernel module, named after the row (split_bf16's module holds both its kinds; the three SIMT
+rows share simt_conv); the module defines the row's support rule (`spec_unsupported_reason(spec)`), its
 launch (`run`) and whether it is loaded (`spec_ready(spec)`). Nothing here imports a kernel module, Triton or CUDA:
 each function imports its module on first call (importing Triton takes about a second), and the rows answer
 "CPU tensor" for CPU specs without importing anything. A row's launch is resolved at its first call and called
@@ -56,12 +57,11 @@ def _run(module: str, attr: str = "run", **fixed):
 
 
 def _kernel(name: str, kind: str, module: str, run: str = "run", supports: tuple = (), ready: tuple = (),
-            layouts: tuple = ("channels_last",), nvrtc: bool = True, loads: str | None = None, **fixed) -> Row:
-    """A kernel row whose functions live in `loads` (default: `module`, the module named as the row's): run is the
+            layouts: tuple = ("channels_last",), nvrtc: bool = True, **fixed) -> Row:
+    """A kernel row whose functions live in `module` (named as the row, where one module holds one row): run is the
     function named `run`, supports and ready are (attribute, *extra arguments) of its rule and readiness check
     (default: spec_unsupported_reason and spec_ready). `fixed` are keyword arguments bound to run."""
-    where = loads or module
-    return Row(name, kind, _run(where, run, **fixed), _supports(where, *supports), ready=_ready(where, *ready),
+    return Row(name, kind, _run(module, run, **fixed), _supports(module, *supports), ready=_ready(module, *ready),
                layouts=layouts, nvrtc=nvrtc, module=module)
 
 
@@ -90,17 +90,14 @@ KERNEL_ROWS: list[Row] = [
     _simt("ocb4"),
     _simt("rb"),  # stride 1 only
     # head: clamp(conv3d(window)) on the activated causal window
-    _kernel("split_bf16", "head", "head", run="split_head_conv", layouts=_ANY_LAYOUT),
+    _kernel("split_bf16", "head", "split_bf16", run="split_head_conv", layouts=_ANY_LAYOUT),
     # head_full: RMS norm + SiLU + window + conv + clamp (+ unpatchify) in one call
-    # the Hopper g kernels (head_cuda, head_wgmma) with the glue they share with the Triton one (head_fused)
-    _kernel("cuda_fused", "head_full", "head_cuda", loads="head_fused", run="run_cuda",
-            supports=("cuda_spec_unsupported_reason",), ready=("cuda_row_ready",), layouts=_NCDHW),
-    _kernel("gluon_fused", "head_full", "head_wgmma", loads="head_fused", run="run_gluon",
-            supports=("gluon_spec_unsupported_reason",), ready=("gluon_row_ready",), layouts=_NCDHW),
-    _kernel("triton_fused", "head_full", "head_fused", layouts=_NCDHW),
-    _kernel("triton_norm_split", "head_full", "triton_norm_split", layouts=_NCDHW),
-    _kernel("split_bf16", "head_full", "head", run="head_full_split", supports=("head_full_spec_unsupported_reason",),
-            ready=("head_full_spec_ready",), layouts=_ANY_LAYOUT),
+    # the fused g kernels, each with the glue they share (head_full_common), then the stencil (head_stencil)
+    _kernel("cuda_fused", "head_full", "cuda_fused", layouts=_NCDHW),  # CUDA C++, sm_90
+    _kernel("gluon_fused", "head_full", "gluon_fused", layouts=_NCDHW),  # Gluon, sm_90
+    _kernel("triton_fused", "head_full", "triton_fused", layouts=_NCDHW),  # Triton, any GPU Triton runs on
+    _kernel("triton_norm_split", "head_full", "triton_norm_split", layouts=_NCDHW),  # Triton window + split conv
+    _kernel("split_bf16", "head_full", "split_bf16", layouts=_ANY_LAYOUT),  # PyTorch window + split conv
 ]
 
 DEFAULT_ORDER: tuple[str, ...] = (
@@ -130,7 +127,7 @@ def import_in_background() -> None:
 
 
 def _import_all() -> None:
-    for name in dict.fromkeys([r.module for r in KERNEL_ROWS] + ["head_fused"]):
+    for name in dict.fromkeys(r.module for r in KERNEL_ROWS):
         try:
             _module(name)
         except Exception:  # noqa: BLE001 - the row reports why when it is asked

@@ -55,7 +55,7 @@ def aligned_nhwc(t: Tensor | None) -> Tensor | None:
 
 def frames_layout(t: Tensor, frames: int) -> tuple[list[int], list[int]]:
     """(shape, strides) of flat-pixel t [B, C, F, H, W] seen as [B, C, F, H*W], the TMA view both Hopper head kernels
-    load (head_wgmma, head_cuda). A size-1 dimension may carry any stride in torch; TMA wants 16-byte multiples, so
+    load (gluon_fused, cuda_fused). A size-1 dimension may carry any stride in torch; TMA wants 16-byte multiples, so
     those get a dense one."""
     b, c, _, h, w = t.shape
     shape = [b, c, frames, h * w]

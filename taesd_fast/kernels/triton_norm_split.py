@@ -17,8 +17,11 @@ import contextlib
 import torch
 from torch import Tensor
 
-from . import head as _split
-from .head_fused import _shape_reason, per_sample_offsets_fit, scaled_gamma
+from . import split_bf16
+from .head_full_common import offsets_reason, per_sample_offsets_fit, scaled_gamma
+from .head_math import activate, causal_window
+from .head_stencil import stencil_ready
+from .triton_bf16 import INTERPRETED, bf16
 from .triton_import import TRITON_ERROR, tl, triton
 
 NAME = "triton_norm_split"
@@ -26,7 +29,6 @@ NAME = "triton_norm_split"
 POISON = False  # tests set this: NaN-fill the window before the kernel, so an unwritten element shows
 
 if triton is not None:
-    from .head_fused import _INTERPRETED, _bf16
 
     @triton.jit
     def _rms_silu_kernel(x_ptr, gs_ptr, y_ptr, HW, sxb, sxc, sxt, syb, syc, syt, eps,
@@ -46,8 +48,8 @@ if triton is not None:
         for kc in range(0, C, BK):
             x = tl.load(x_fr + kc * sxc, mask=pm[None, :], other=0.0).to(tl.float32)
             gs = tl.load(gs_ptr + kc + ck)  # sqrt(C) * gamma, fp32
-            v = _bf16(x * inv[None, :] * gs[:, None], INTERP).to(tl.float32)  # the norm's rounding
-            tl.store(y_fr + kc * syc, _bf16(v / (1.0 + tl.exp(-v)), INTERP), mask=pm[None, :])  # F.silu's
+            v = bf16(x * inv[None, :] * gs[:, None], INTERP).to(tl.float32)  # the norm's rounding
+            tl.store(y_fr + kc * syc, bf16(v / (1.0 + tl.exp(-v)), INTERP), mask=pm[None, :])  # F.silu's
 
 
 def unsupported_reason(x_shape, dtype, device_type: str) -> str | None:
@@ -62,7 +64,7 @@ def unsupported_reason(x_shape, dtype, device_type: str) -> str | None:
         return f"features {tuple(x_shape)}: expected [B, C, T, H, W] with C a power of two >= 16"
     if max(x_shape[0], x_shape[2]) > 65535:
         return "B or T > 65535"
-    return _shape_reason(*x_shape[1:])
+    return offsets_reason(*x_shape[1:])
 
 
 def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps: float,
@@ -72,8 +74,8 @@ def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps:
     b, c, t, h, w = features.shape
     if features.stride(4) != 1 or features.stride(3) != w:  # pixels of a frame must be one contiguous run
         features = features.contiguous()
-    if not per_sample_offsets_fit(features) or _shape_reason(c, t, h, w):  # int32 offsets in the kernel
-        return _split.causal_window(_split.activate(features, gamma, eps), cache).contiguous()
+    if not per_sample_offsets_fit(features) or offsets_reason(c, t, h, w):  # int32 offsets in the kernel
+        return causal_window(activate(features, gamma, eps), cache).contiguous()
     window = features.new_empty((b, c, t + 2, h, w))
     if POISON:
         window.fill_(float("nan"))
@@ -88,17 +90,17 @@ def activated_window(features: Tensor, cache: Tensor | None, gamma: Tensor, eps:
         _rms_silu_kernel[grid](
             features, gs, y, h * w, features.stride(0), features.stride(1), features.stride(2),
             y.stride(0), y.stride(1), y.stride(2), eps,
-            C=c, BK=min(bk, c), BLOCK_P=block_p, INTERP=_INTERPRETED, num_warps=num_warps)
+            C=c, BK=min(bk, c), BLOCK_P=block_p, INTERP=INTERPRETED, num_warps=num_warps)
     return window
 
 
 @torch.library.custom_op("taesd_fast::activated_window", mutates_args=())
 def activated_window_op(features: Tensor, cache: Tensor | None, gamma: Tensor, eps: float) -> Tensor:
     """The op form (torch.compile, opcheck): the Triton kernel on CUDA (or under TRITON_INTERPRET=1), else its
-    PyTorch twin, kernels.head.causal_window(kernels.head.activate(...)), materialised contiguous."""
-    if features.is_cuda or (triton is not None and _INTERPRETED):
+    PyTorch twin, head_math.causal_window(head_math.activate(...)), materialised contiguous."""
+    if features.is_cuda or (triton is not None and INTERPRETED):
         return activated_window(features, cache, gamma, eps)
-    return _split.causal_window(_split.activate(features, gamma, eps), cache).contiguous()
+    return causal_window(activate(features, gamma, eps), cache).contiguous()
 
 
 @activated_window_op.register_fake
@@ -111,7 +113,7 @@ def head_full_norm_split(x: Tensor, cache: Tensor | None, gamma: Tensor, weight:
                          eps: float, patch: int = 0) -> tuple[Tensor, Tensor]:
     """dispatch.head_full's signature: this kernel's window, then split_head_conv (cuBLAS GEMM + our stencil)."""
     window = activated_window_op(x, cache, gamma, eps)
-    return _split.split_head_conv(window, weight, bias, patch=patch), window[:, :, -2:]
+    return split_bf16.split_head_conv(window, weight, bias, patch=patch), window[:, :, -2:]
 
 
 def spec_unsupported_reason(spec) -> str | None:
@@ -119,13 +121,13 @@ def spec_unsupported_reason(spec) -> str | None:
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
     return (unsupported_reason(spec.x_shape, spec.dtype, spec.device.split(":")[0])
-            or _split.head_full_spec_unsupported_reason(spec))
+            or split_bf16.spec_unsupported_reason(spec))
 
 
 def spec_ready(spec) -> bool:
     """True once the stencil for the window is loaded. The Triton activation kernel is not tracked: a size it never
     ran with may still compile on first launch (the dispatcher times every shape, so runs it, before a capture)."""
-    return _split.head_full_spec_ready(spec)
+    return stencil_ready(spec)
 
 
 run = head_full_norm_split

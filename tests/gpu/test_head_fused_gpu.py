@@ -1,6 +1,7 @@
 """GPU checks of the head rows (kinds head_full and head, kernels/rows.py), each through its own run, and of the
-fused head op (taesd_fast::fused_head) with each g kernel (Triton "roll"/"per_t", Gluon "wgmma", CUDA C++
-"cuda_sm90"): against OutputHead, chunked against one-shot, poisoned outputs, CUDA-graph capture, opcheck.
+fused head op (taesd_fast::fused_head, kernels/head_full_common.py) with each fused row's g kernel (triton_fused in its
+"roll" and "per_t" variants, gluon_fused, cuda_fused): against OutputHead, chunked against one-shot, poisoned
+outputs, CUDA-graph capture, opcheck.
 
 Tolerance: ||out - ref|| / ||ref|| against an fp32 OutputHead (TF32 off) at most 2x the error of OutputHead's own
 bf16 path (backend "torch"). The returned cache may differ from OutputHead's where the fp32 norm lands on a
@@ -14,8 +15,10 @@ import torch
 from conftest import random_output_head, video_from_channels
 from taesd_fast import OutputHead, backend
 from taesd_fast.dispatch import table
-from taesd_fast.kernels import head_fused as hf
+from taesd_fast.kernels import head_full_common as hf
 from taesd_fast.kernels import rows as kernel_rows
+from taesd_fast.kernels import triton_fused
+from taesd_fast.kernels.triton_import import triton_unavailable_reason
 
 
 def _unavailable() -> str | None:
@@ -23,23 +26,37 @@ def _unavailable() -> str | None:
         return "no CUDA device"
     if torch.cuda.get_device_capability() < (8, 0):
         return "bf16 tl.dot needs sm_80+"
-    return hf.triton_unavailable_reason()
+    return triton_unavailable_reason()
 
 
 pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=f"fused head unavailable: {_unavailable()}")
 
 EPS = 1e-12
-# A few configs of each variant (the bench sweeps more); the first is the default.
+# (row, its g kernel's config): a few configs of the Triton kernel (the bench sweeps more; the first is the row's
+# default), then the Hopper rows, which have none.
 CONFIGS = [
-    dict(hf.DEFAULT_CONFIG),
-    {"variant": "roll", "block_m": 32, "block_k": 32, "num_warps": 4, "num_stages": 3},
-    {"variant": "per_t", "block_m": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
-    {"variant": "per_t", "block_m": 128, "block_k": 32, "num_warps": 8, "num_stages": 2},
-    {"variant": "wgmma"},  # the Gluon kernel (sm_90; H*W a multiple of 8)
-    {"variant": "cuda_sm90"},  # the CUDA C++ kernel (sm_90; the same shapes)
+    ("triton_fused", dict(triton_fused.DEFAULT_CONFIG)),
+    ("triton_fused", {"variant": "roll", "block_m": 32, "block_k": 32, "num_warps": 4, "num_stages": 3}),
+    ("triton_fused", {"variant": "per_t", "block_m": 64, "block_k": 64, "num_warps": 8, "num_stages": 3}),
+    ("triton_fused", {"variant": "per_t", "block_m": 128, "block_k": 32, "num_warps": 8, "num_stages": 2}),
+    ("gluon_fused", {}),  # the Gluon kernel (sm_90; H*W a multiple of 8)
+    ("cuda_fused", {}),  # the CUDA C++ kernel (sm_90; the same shapes)
 ]
+TRITON = "triton_fused"
 WGMMA, CUDA = len(CONFIGS) - 2, len(CONFIGS) - 1
 HOPPER = [WGMMA, CUDA]
+FUSED_ROWS = list(hf.FUSED_ROWS)
+
+
+def _fused(cfg: int, features, cache, gamma, weight, bias, eps, scale, patch=0):
+    """fused_head_with with CONFIGS[cfg]: its row, and that row's g-kernel config."""
+    row, config = CONFIGS[cfg]
+    return hf.fused_head_with(row, features, cache, gamma, weight, bias, eps, scale, patch, **config)
+
+
+def _needs_row(row: str):
+    if row != TRITON:
+        _needs_sm90()
 
 
 @pytest.fixture(autouse=True)
@@ -110,7 +127,7 @@ def test_matches_output_head(cfg, b, t, h, w, with_cache):
     head = _head(seed=t)
     features, cache = _inputs(b, 256, t, h, w, seed=10 * t + h, with_cache=with_cache)
     ref, out16, cache16 = _references(head, features, cache)
-    out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
+    out, new_cache = _fused(cfg, features, cache, *_params(head), EPS, 256**0.5)
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
     assert out.is_contiguous(memory_format=torch.channels_last_3d)
     assert _rel(out, ref) <= 2 * _rel(out16, ref), f"fused {_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
@@ -133,7 +150,7 @@ def test_cuda_kernel_other_channel_counts(c, t):
     for with_cache in (False, True):
         features, cache = _inputs(2, c, t, 12, 20, seed=c + t, with_cache=with_cache)
         ref, out16, cache16 = _references(head, features, cache)
-        out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, c**0.5, CONFIGS[CUDA])
+        out, new_cache = _fused(CUDA, features, cache, *_params(head), EPS, c**0.5)
         assert _rel(out, ref) <= 2 * _rel(out16, ref), f"{_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
         _assert_cache_close(new_cache, cache16)
 
@@ -143,14 +160,14 @@ def test_cuda_kernel_takes_any_frame_count(t):
     """T is a kernel argument (the Gluon kernel unrolls frames and stops at 16): more frames than the 3-frame loop
     body's multiples, against an fp32 OutputHead, with and without cache."""
     _needs_sm90()
-    from taesd_fast.kernels import head_wgmma
+    from taesd_fast.kernels import gluon_fused
 
     head = _head(seed=t)
     for with_cache in (False, True):
         features, cache = _inputs(1, 256, t, 8, 24, seed=t, with_cache=with_cache)
-        assert "T=" in head_wgmma.unsupported_reason(features, cache)
+        assert "T=" in gluon_fused.unsupported_reason(features, cache)
         ref, out16, cache16 = _references(head, features, cache)
-        out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[CUDA])
+        out, new_cache = _fused(CUDA, features, cache, *_params(head), EPS, 256**0.5)
         assert _rel(out, ref) <= 2 * _rel(out16, ref), f"{_rel(out, ref):.3e} vs torch bf16 {_rel(out16, ref):.3e}"
         _assert_cache_close(new_cache, cache16)
 
@@ -181,42 +198,39 @@ def test_hopper_kernels_refuse_what_they_cannot_run(cfg):
     _needs_sm90()
     head = _head(seed=11)
     features, cache = _inputs(1, 256, 2, 9, 7, seed=11)  # H*W = 63: TMA needs rows of 16 bytes
-    name = CONFIGS[cfg]["variant"]
-    with pytest.raises(ValueError, match=f"variant '{name}' cannot run this call: H\\*W=63 is not a multiple of 8"):
-        hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
-    out, _ = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5)  # auto: the Triton kernel
+    name = CONFIGS[cfg][0]
+    with pytest.raises(ValueError, match=f"row '{name}' cannot run this call: H\\*W=63 is not a multiple of 8"):
+        _fused(cfg, features, cache, *_params(head), EPS, 256**0.5)
+    out, _ = _fused(0, features, cache, *_params(head), EPS, 256**0.5)  # the Triton row takes it
     assert torch.isfinite(out).all()
 
 
-def test_auto_takes_the_cuda_kernel_and_falls_back_to_gluon(monkeypatch):
-    """The op's "auto" runs the CUDA kernel on sm_90; if it cannot compile or launch, the Gluon kernel takes over
-    with one warning, and the results agree to the fp32 summation order. Named, the CUDA kernel raises instead."""
+def test_a_cuda_kernel_failure_is_remembered(monkeypatch):
+    """The CUDA row's kernel agrees with the Gluon row's (to the fp32 summation order). If it cannot compile or launch,
+    the call raises with one warning, and from then on its rule names the failure (the dispatcher then takes
+    another row); nothing inside the fused head falls back to another kernel."""
     _needs_sm90()
-    from taesd_fast.kernels import head_cuda
+    from taesd_fast.kernels import cuda_fused
 
     head = _head(seed=14)
     features, cache = _inputs(1, 256, 4, 24, 40, seed=14)
     args = (features, cache, *_params(head), EPS, 256**0.5)
-    launched = []
-    real_launch = head_cuda.launch
-    monkeypatch.setattr(head_cuda, "launch", lambda *a: launched.append(1) or real_launch(*a))
-    cuda_out, cuda_cache = hf.fused_head_with(*args)
-    assert launched
-    gluon_out, gluon_cache = hf.fused_head_with(*args, CONFIGS[WGMMA])
+    cuda_out, cuda_cache = _fused(CUDA, *args)
+    gluon_out, gluon_cache = _fused(WGMMA, *args)
 
     def refuse(*a):
         raise RuntimeError("NVRTC could not compile head_g_sm90.cu for sm_90a (test)")
 
-    monkeypatch.setattr(head_cuda, "_failure", [])
-    monkeypatch.setattr(head_cuda, "launch", refuse)
+    monkeypatch.setattr(cuda_fused, "_failure", [])
+    monkeypatch.setattr(cuda_fused, "launch", refuse)
     with pytest.warns(RuntimeWarning, match="the CUDA head kernel is unavailable .*other kernels run instead"):
-        out, new_cache = hf.fused_head_with(*args)
-    assert torch.equal(out, gluon_out) and torch.equal(new_cache, gluon_cache)
-    assert "NVRTC could not compile" in head_cuda.unsupported_reason(features, cache)
-    with pytest.raises(ValueError, match="variant 'cuda_sm90' cannot run this call: RuntimeError: NVRTC"):
-        hf.fused_head_with(*args, CONFIGS[CUDA])
+        with pytest.raises(RuntimeError, match="NVRTC could not compile"):
+            _fused(CUDA, *args)
+    assert "NVRTC could not compile" in cuda_fused.unsupported_reason(features, cache)
+    with pytest.raises(ValueError, match="row 'cuda_fused' cannot run this call: RuntimeError: NVRTC"):
+        _fused(CUDA, *args)
     ref, out16, _ = _references(head, features, cache)
-    assert _rel(cuda_out, ref) <= 2 * _rel(out16, ref)
+    assert _rel(cuda_out, ref) <= 2 * _rel(out16, ref) and _rel(gluon_out, ref) <= 2 * _rel(out16, ref)
     _assert_cache_close(cuda_cache, gluon_cache)
 
 
@@ -226,10 +240,10 @@ def test_chunked_equals_one_shot(cfg, h, w):
         _needs_sm90()
     head = _head(seed=3)
     features, _ = _inputs(1, 256, 4, h, w, seed=3, with_cache=False)
-    args = (*_params(head), EPS, 256**0.5, CONFIGS[cfg])
-    one, one_cache = hf.fused_head_with(features, None, *args)
-    a, cache = hf.fused_head_with(features[:, :, :2], None, *args)  # a strided slice: read in place
-    b, cache = hf.fused_head_with(features[:, :, 2:], cache, *args)
+    args = (*_params(head), EPS, 256**0.5)
+    one, one_cache = _fused(cfg, features, None, *args)
+    a, cache = _fused(cfg, features[:, :, :2], None, *args)  # a strided slice: read in place
+    b, cache = _fused(cfg, features[:, :, 2:], cache, *args)
     chunked = torch.cat([a, b], dim=2)
     assert torch.isfinite(chunked).all()
     # Same operands in the same order; allow a last-bit difference anyway (one bf16 step of values <= 1).
@@ -239,14 +253,16 @@ def test_chunked_equals_one_shot(cfg, h, w):
     assert _rel(chunked, ref) <= 2 * _rel(out16, ref)
 
 
-def test_chunk_of_one_then_four_like_the_decoder():
+@pytest.mark.parametrize("row", FUSED_ROWS)
+def test_chunk_of_one_then_four_like_the_decoder(row):
     """1 frame, then 4, then 4 (the Wan decode pattern), against OutputHead run the same way."""
+    _needs_row(row)
     head = _head(seed=4)
     head16 = _head(seed=4).bfloat16()
     features, _ = _inputs(1, 256, 9, 20, 36, seed=4, with_cache=False)
     cache, cache16, outs, outs16 = None, None, [], []
     for lo, hi in ((0, 1), (1, 5), (5, 9)):
-        out, cache = hf.fused_head(features[:, :, lo:hi], cache, *_params(head), EPS, 256**0.5)
+        out, cache = hf.fused_head(row, features[:, :, lo:hi], cache, *_params(head), EPS, 256**0.5)
         with torch.no_grad(), backend("torch"):
             o16, cache16 = head16(features[:, :, lo:hi], cache16)
         outs.append(out)
@@ -264,17 +280,23 @@ def test_channels_last_input_and_view_cache():
     features, _ = _inputs(1, 256, 3, 11, 13, seed=5, with_cache=False)
     window = torch.nn.functional.silu(torch.randn(1, 256, 5, 11, 13, device="cuda")).bfloat16()
     cache_view = window[:, :, -2:]
-    want = hf.fused_head(features, cache_view.contiguous(), *_params(head), EPS, 256**0.5)
-    got = hf.fused_head(features.contiguous(memory_format=torch.channels_last_3d), cache_view, *_params(head), EPS,
-                        256**0.5)
+    want = hf.fused_head(TRITON, features, cache_view.contiguous(), *_params(head), EPS, 256**0.5)
+    got = hf.fused_head(TRITON, features.contiguous(memory_format=torch.channels_last_3d), cache_view, *_params(head),
+                        EPS, 256**0.5)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_head_full_triton_signature():
+@pytest.mark.parametrize("row", FUSED_ROWS)
+def test_row_run_is_the_op(row):
+    """A fused row's run (dispatch.head_full's signature, eager: the op's body without the op layer) gives the op's
+    results for that row."""
+    import importlib
+
+    _needs_row(row)
     head = _head(seed=6)
     features, cache = _inputs(1, 256, 2, 8, 12, seed=6)
-    out, new_cache = hf.head_full_triton(features, cache, *_params(head), EPS)
-    want = hf.fused_head(features, cache, *_params(head), EPS, 256**0.5)
+    out, new_cache = importlib.import_module(f"taesd_fast.kernels.{row}").run(features, cache, *_params(head), EPS)
+    want = hf.fused_head(row, features, cache, *_params(head), EPS, 256**0.5)
     assert torch.equal(out, want[0]) and torch.equal(new_cache, want[1])
 
 
@@ -286,8 +308,8 @@ def test_patch_writes_the_video(cfg, with_cache):
         _needs_sm90()
     head = _head(seed=14)
     features, cache = _inputs(2, 256, 3, 24, 40, seed=14, with_cache=with_cache)
-    out, new_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
-    video, video_cache = hf.fused_head_with(features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg], patch=2)
+    out, new_cache = _fused(cfg, features, cache, *_params(head), EPS, 256**0.5)
+    video, video_cache = _fused(cfg, features, cache, *_params(head), EPS, 256**0.5, patch=2)
     assert video.is_contiguous() and torch.equal(video, video_from_channels(out, 2))
     assert torch.equal(video_cache, new_cache)
 
@@ -296,15 +318,17 @@ def test_refuses_fp32_and_bad_shapes():
     head = _head(seed=7)
     features, cache = _inputs(1, 256, 2, 8, 12, seed=7)
     with pytest.raises(ValueError, match="needs torch.bfloat16 features, got torch.float32"):
-        hf.fused_head(features.float(), cache.float(), *(p.float() for p in _params(head)), EPS, 16.0)
+        hf.fused_head(TRITON, features.float(), cache.float(), *(p.float() for p in _params(head)), EPS, 16.0)
     with pytest.raises(ValueError, match=r"cache must be the \[B, C, 2, H, W\]"):
-        hf.fused_head(features, cache[:, :, :1], *_params(head), EPS, 16.0)
+        hf.fused_head(TRITON, features, cache[:, :, :1], *_params(head), EPS, 16.0)
     with pytest.raises(ValueError, match="is on cpu"):
-        hf.fused_head(features, cache, *_params(head)[:2], _params(head)[2].cpu(), EPS, 16.0)
+        hf.fused_head(TRITON, features, cache, *_params(head)[:2], _params(head)[2].cpu(), EPS, 16.0)
 
 
 @pytest.mark.parametrize("with_cache", [False, True])
-def test_cuda_graph_capture_and_replay(with_cache):
+@pytest.mark.parametrize("row", FUSED_ROWS)
+def test_cuda_graph_capture_and_replay(row, with_cache):
+    _needs_row(row)
     head = _head(seed=8)
     params = _params(head)
     features, cache = _inputs(1, 256, 4, 24, 40, seed=8, with_cache=with_cache)
@@ -314,11 +338,11 @@ def test_cuda_graph_capture_and_replay(with_cache):
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm up: Triton compile, stencil module load, weight packing
         for _ in range(2):
-            hf.fused_head(static_f, static_c, *params, EPS, 256**0.5)
+            hf.fused_head(row, static_f, static_c, *params, EPS, 256**0.5)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out, static_cache = hf.fused_head(static_f, static_c, *params, EPS, 256**0.5)
+        static_out, static_cache = hf.fused_head(row, static_f, static_c, *params, EPS, 256**0.5)
     for seed in (9, 10):
         new_f, new_c = _inputs(1, 256, 4, 24, 40, seed=seed, with_cache=with_cache)
         static_f.copy_(new_f)
@@ -328,7 +352,7 @@ def test_cuda_graph_capture_and_replay(with_cache):
         static_cache.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        want_out, want_cache = hf.fused_head(new_f, new_c, *params, EPS, 256**0.5)
+        want_out, want_cache = hf.fused_head(row, new_f, new_c, *params, EPS, 256**0.5)
         assert torch.equal(static_out, want_out) and torch.equal(static_cache, want_cache)
 
 
@@ -384,27 +408,30 @@ def test_split_head_row():
     assert _rel(out, ref) <= 2 * _rel(out16, ref)
 
 
-@pytest.mark.parametrize("h,w", [(9, 11), (8, 16)])  # the Triton g kernel; the Gluon one on sm_90
+@pytest.mark.parametrize("row,h,w", [(TRITON, 9, 11), ("gluon_fused", 8, 16), ("cuda_fused", 8, 16)])
 @pytest.mark.parametrize("with_cache", [False, True])
-def test_opcheck(with_cache, h, w):
+def test_opcheck(with_cache, row, h, w):
+    _needs_row(row)
     head = _head(seed=12)
     features, cache = _inputs(1, 256, 2, h, w, seed=12, with_cache=with_cache)
-    torch.library.opcheck(hf.fused_head, (features, cache, *_params(head), EPS, 256**0.5))
-    torch.library.opcheck(hf.fused_head, (features, cache, *_params(head), EPS, 256**0.5, 2))
+    torch.library.opcheck(hf.fused_head, (row, features, cache, *_params(head), EPS, 256**0.5))
+    torch.library.opcheck(hf.fused_head, (row, features, cache, *_params(head), EPS, 256**0.5, 2))
 
 
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("row", FUSED_ROWS)
+def test_torch_compile_fullgraph(row):
+    _needs_row(row)
     head = _head(seed=13)
     params = _params(head)
     features, cache = _inputs(1, 256, 2, 12, 20, seed=13)
 
     @torch.compile(fullgraph=True)
     def f(x, c):
-        out, new_cache = hf.fused_head(x, c, *params, EPS, 256**0.5)
+        out, new_cache = hf.fused_head(row, x, c, *params, EPS, 256**0.5)
         return out.float() * 2, new_cache
 
     got, got_cache = f(features, cache)
-    want, want_cache = hf.fused_head(features, cache, *params, EPS, 256**0.5)
+    want, want_cache = hf.fused_head(row, features, cache, *params, EPS, 256**0.5)
     assert torch.equal(got, want.float() * 2) and torch.equal(got_cache, want_cache)
 
 
@@ -423,11 +450,11 @@ def test_hopper_repeat_runs_are_bitwise_equal(cfg, t, h, w, with_cache):
     _needs_sm90()
     head = _head(seed=12)
     features, cache = _inputs(1, 256, t, h, w, seed=12, with_cache=with_cache)
-    args = (features, cache, *_params(head), EPS, 256**0.5, CONFIGS[cfg])
-    first_out, first_cache = hf.fused_head_with(*args)
+    args = (features, cache, *_params(head), EPS, 256**0.5)
+    first_out, first_cache = _fused(cfg, *args)
     differing = 0
     for _ in range(20):
-        out, new_cache = hf.fused_head_with(*args)
+        out, new_cache = _fused(cfg, *args)
         differing += not (torch.equal(out, first_out) and torch.equal(new_cache, first_cache))
     assert differing == 0, f"{differing} of 20 runs differ from the first"
 
@@ -447,9 +474,9 @@ def test_gluon_kernel_1000_fresh_runs_are_bitwise_repeatable_and_right(t, h, w, 
     bound = None
     for i in range(1000):
         features, cache = _inputs(1, 256, t, h, w, seed=1000 + i, with_cache=with_cache)
-        args = (features, cache, *params, EPS, 256**0.5, CONFIGS[WGMMA])
-        out, new_cache = hf.fused_head_with(*args)
-        again, again_cache = hf.fused_head_with(*args)
+        args = (features, cache, *params, EPS, 256**0.5)
+        out, new_cache = _fused(WGMMA, *args)
+        again, again_cache = _fused(WGMMA, *args)
         assert torch.equal(out, again) and torch.equal(new_cache, again_cache), f"run {i} differs on the same data"
         if i % 50 == 0:
             ref, out16, _ = _references(head, features, cache)

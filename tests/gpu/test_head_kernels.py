@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from conftest import video_from_channels
 from taesd_fast import _backend
-from taesd_fast.kernels import head as hk
+from taesd_fast.kernels import head_stencil as hs
+from taesd_fast.kernels import split_bf16 as hk
+from taesd_fast.kernels.head_g_layout import pack_weight
 
 
 def _unavailable() -> str | None:
@@ -60,16 +62,16 @@ def _poisoned(like: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("b,t,h,w", [(1, 1, 37, 53), (1, 4, 37, 53), (2, 4, 8, 40), (1, 2, 1, 1)])
 def test_stencil_kernel_equals_twin(g_layout, dtype, b, t, h, w, patch):
     x, wt, bias = _case(b=b, t=t, h=h, w=w, seed=1)
-    g = hk.conv_n128_ref(x.float(), hk.pack_weight(wt)).to(dtype)  # fresh random g, pixel-major like the GEMM's
+    g = hk.conv_n128_ref(x.float(), pack_weight(wt)).to(dtype)  # fresh random g, pixel-major like the GEMM's
     if g_layout == "dense":
         g = g.contiguous()
-    ref = hk.head_stencil_ref(g, bias, t, 0, h, h, 0, patch)
+    ref = hs.head_stencil_ref(g, bias, t, 0, h, h, 0, patch)
     out = _poisoned(ref)
-    hk.launch_head_stencil(g, bias.float(), out, 0, h, 0, patch)
+    hs.launch_head_stencil(g, bias.float(), out, 0, h, 0, patch)
     assert torch.isfinite(out).all()
     assert torch.equal(out, ref), f"max diff {(out.float() - ref.float()).abs().max().item()}"  # same tap order
     if patch:  # the video layout, against the channel-by-channel unpatchify of the plain kernel's output
-        plain = hk.head_stencil(g, bias.float(), t, 0, h, h, 0)
+        plain = hs.head_stencil(g, bias.float(), t, 0, h, h, 0)
         assert out.is_contiguous() and torch.equal(out, video_from_channels(plain, patch))
 
 
@@ -80,13 +82,13 @@ def test_stencil_bands_from_slices_equal_full(layout, g_off, patch):
     t, h, w = 4, 37, 53
     p = max(patch, 1)
     x, wt, bias = _case(t=t, h=h, w=w, seed=2, layout=layout)
-    g = hk.conv_n128(x, hk.pack_weight(wt))  # ncdhw: GEMM form, pixel-major g; cl3d: cuDNN, dense g
-    full = hk.head_stencil(g, bias.float(), t, 0, h, h, 0, patch)
+    g = hk.conv_n128(x, pack_weight(wt))  # ncdhw: GEMM form, pixel-major g; cl3d: cuDNN, dense g
+    full = hs.head_stencil(g, bias.float(), t, 0, h, h, 0, patch)
     for lo, rows in [(0, 5), (5, 16), (21, 16), (36, 1), (0, 37), (17, 1)]:
         a, b = max(lo - g_off, 0), min(lo + rows + g_off, h)
         want = full[:, :, :, lo * p: (lo + rows) * p]
         band = _poisoned(want.contiguous() if patch else want.contiguous(memory_format=CL3D))
-        hk.launch_head_stencil(g[:, :, a:b], bias.float(), band, lo, h, a, patch)  # a strided slice of g
+        hs.launch_head_stencil(g[:, :, a:b], bias.float(), band, lo, h, a, patch)  # a strided slice of g
         assert torch.equal(band, want), (lo, rows)
 
 
@@ -105,8 +107,8 @@ def test_f32_g_error_budget():
     # The f32-g variant of the stencil (g from an fp32 conv): error is the output rounding alone.
     x, wt, bias = _case(seed=4)
     ref = _ref(x, wt, bias)
-    g = hk.conv_n128_ref(x.float(), hk.pack_weight(wt))
-    out = hk.head_stencil(g, bias.float(), 4, 0, 37, 37, 0)
+    g = hk.conv_n128_ref(x.float(), pack_weight(wt))
+    out = hs.head_stencil(g, bias.float(), 4, 0, 37, 37, 0)
     assert _rel(out.bfloat16(), ref) <= 2 * _torch_bf16_err(x, wt, bias, ref)
 
 
@@ -125,26 +127,26 @@ def test_banded_equals_full(layout, band_rows):
 
 def test_wrong_shapes_raise_on_cuda():
     x, wt, bias = _case(t=4, h=9, w=7)
-    g = hk.conv_n128(x, hk.pack_weight(wt))
+    g = hk.conv_n128(x, pack_weight(wt))
     b32 = bias.float()
     with pytest.raises(ValueError, match="T=3"):
-        hk.head_stencil(g, b32, 3, 0, 9, 9, 0)
+        hs.head_stencil(g, b32, 3, 0, 9, 9, 0)
     with pytest.raises(ValueError, match="rows_g=9"):
-        hk.head_stencil(g[:, :, :8], b32, 4, 0, 9, 9, 0)
+        hs.head_stencil(g[:, :, :8], b32, 4, 0, 9, 9, 0)
     with pytest.raises(ValueError, match="rows_g=5"):
-        hk.head_stencil(g, b32, 4, 2, 3, 9, 1)
+        hs.head_stencil(g, b32, 4, 2, 3, 9, 1)
 
 
 def test_opcheck():
     x, wt, bias = _case(t=2, h=11, w=13, seed=6)
-    wp = hk.pack_weight(wt)
+    wp = pack_weight(wt)
     torch.library.opcheck(hk.conv_n128, (x, wp))
     torch.library.opcheck(hk.conv_n128, (x.contiguous(memory_format=CL3D), wp.contiguous(memory_format=CL3D)))
     g = hk.conv_n128(x, wp)
-    torch.library.opcheck(hk.head_stencil, (g, bias.float(), 2, 0, 11, 11, 0))
-    torch.library.opcheck(hk.head_stencil, (g[:, :, 3:9], bias.float(), 2, 4, 4, 11, 1))
-    torch.library.opcheck(hk.head_stencil, (g.contiguous(), bias.float(), 2, 0, 11, 11, 0))
-    torch.library.opcheck(hk.head_stencil, (g[:, :, 3:9], bias.float(), 2, 4, 4, 11, 1, 2))
+    torch.library.opcheck(hs.head_stencil, (g, bias.float(), 2, 0, 11, 11, 0))
+    torch.library.opcheck(hs.head_stencil, (g[:, :, 3:9], bias.float(), 2, 4, 4, 11, 1))
+    torch.library.opcheck(hs.head_stencil, (g.contiguous(), bias.float(), 2, 0, 11, 11, 0))
+    torch.library.opcheck(hs.head_stencil, (g[:, :, 3:9], bias.float(), 2, 4, 4, 11, 1, 2))
 
 
 @pytest.mark.parametrize("band_rows", [None, 8])

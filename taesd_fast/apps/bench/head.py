@@ -13,7 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from ...graphs import graphed
-from ...kernels import head as hk
+from ...kernels import head_math
+from ...kernels import head_stencil as hs
+from ...kernels import split_bf16 as hk
+from ...kernels.head_g_layout import pack_weight
 from ...timing import time_ms
 
 CL3D = torch.channels_last_3d
@@ -36,10 +39,10 @@ def head_diffusers(feat, cache, gamma, weight, bias):
 
 
 def _full_head_rows(rows, feat, cache, gamma, w, b) -> None:
-    """(i): the whole head as users run it (OutputHead.forward, unpatchify included) and the fused Triton path."""
+    """(i): the whole head as users run it (OutputHead.forward, unpatchify included) and the fused rows' paths."""
     from ... import dispatch
     from ...models.head.model import OutputHead
-    from ...kernels import head_fused
+    from ...kernels import cuda_fused, gluon_fused, head_full_common, triton_fused
 
     head = OutputHead(feat.shape[1], w.shape[0]).to(feat.device, feat.dtype)
     with torch.no_grad():
@@ -51,14 +54,16 @@ def _full_head_rows(rows, feat, cache, gamma, w, b) -> None:
             rows.append(("(i) OutputHead.forward, auto", time_ms(lambda: head(feat, cache)),
                          _choice(head)))
             rows.append(("(i) OutputHead.forward, auto, CUDA graph", time_ms_graphed(lambda: head(feat, cache)), ""))
-        if head_fused.triton_available():
+        if triton_fused.TRITON_ERROR is None:
             eps, scale = head.norm_out.eps, feat.shape[1] ** 0.5
-            fused = lambda cfg: lambda: head_fused.fused_head_with(feat, cache, gamma, w, b, eps, scale, cfg)  # noqa: E731
-            rows.append(("(i) fused head (norm+SiLU+GEMM, then stencil), default g kernel, graph",
-                         time_ms_graphed(fused(None)),
-                         f"g kernel: {head_fused._variant('auto', feat, cache)}; input read once: 692 MB = 0.163 ms"))
-            rows.append(("(i) fused head with the Triton g kernel (roll), graph",
-                         time_ms_graphed(fused({"variant": "roll"})), ""))
+            fused = lambda row, **cfg: lambda: head_full_common.fused_head_with(  # noqa: E731
+                row, feat, cache, gamma, w, b, eps, scale, **cfg)
+            for row, module in (("cuda_fused", cuda_fused), ("gluon_fused", gluon_fused)):  # the Hopper g kernels
+                if module.unsupported_reason(feat, cache) is None:
+                    rows.append((f"(i) fused head (norm+SiLU+GEMM, then stencil), row {row}, graph",
+                                 time_ms_graphed(fused(row)), "input read once: 692 MB = 0.163 ms"))
+            rows.append(("(i) fused head, row triton_fused (roll), graph",
+                         time_ms_graphed(fused("triton_fused", variant="roll")), ""))
             from ...kernels import triton_norm_split
 
             rows.append(("(i) Triton norm+SiLU window, then split conv, graph",
@@ -90,7 +95,7 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
         x6 = torch.cat([cache, F.silu(torch.randn(1, C, T, H, W, device=dev)).to(bf)], dim=2)  # conv input
         x6_cl = x6.contiguous(memory_format=CL3D)
         mb = x6.numel() * x6.element_size() / 1e6
-        wp, wp_cl = hk.pack_weight(w).contiguous(), hk.pack_weight(w).contiguous(memory_format=CL3D)
+        wp, wp_cl = pack_weight(w).contiguous(), pack_weight(w).contiguous(memory_format=CL3D)
         rows: list[tuple[str, float, str]] = []
 
         def row(name, fn, note=""):
@@ -132,17 +137,18 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
         row("(f) part: conv_n128 cuDNN form on NCDHW in (+ g permute)", lambda: hk._conv_n128_cudnn(x6, wp))
         g_cl, g_pm = hk.conv_n128(x6_cl, wp_cl), hk.conv_n128(x6, wp)
         gb = g_cl.numel() * g_cl.element_size() / 1e6
-        graph_row("(f) part: head_stencil alone, dense g, graph", lambda: hk.head_stencil(g_cl, b32, T, 0, H, H, 0),
+        graph_row("(f) part: head_stencil alone, dense g, graph", lambda: hs.head_stencil(g_cl, b32, T, 0, H, H, 0),
                   f"reads g {gb:.0f} MB bf16, writes {T * H * W * C_out * 2 / 1e6:.0f} MB")
         graph_row("(f) part: head_stencil alone, pixel-major g, graph",
-                  lambda: hk.head_stencil(g_pm, b32, T, 0, H, H, 0))
-        row("(f) part: head_stencil alone, dense g, eager", lambda: hk.head_stencil(g_cl, b32, T, 0, H, H, 0),
+                  lambda: hs.head_stencil(g_pm, b32, T, 0, H, H, 0))
+        row("(f) part: head_stencil alone, dense g, eager", lambda: hs.head_stencil(g_cl, b32, T, 0, H, H, 0),
             "launch-bound: Python op path")
         g_cl = g_pm = None  # free them before the copy row
         row("(g) copy of the conv input (floor)", lambda: x6.clone(), f"{mb:.0f} MB read + {mb:.0f} MB written")
 
         def head_split(feat, cache, gamma, weight, bias):
-            return hk.split_head_conv(hk.causal_window(hk.activate(feat, gamma, 1e-12), cache), weight, bias)
+            window = head_math.causal_window(head_math.activate(feat, gamma, 1e-12), cache)
+            return hk.split_head_conv(window, weight, bias)
 
         row("(h) full head, eager norm/SiLU/cat + split conv, NCDHW", lambda: head_split(feat, cache, gamma, w, b),
             "compare with (a)")
@@ -156,7 +162,7 @@ def bench_head(T: int = 4, H: int = 352, W: int = 640, C: int = 256, C_out: int 
         e_split_nc = _rel(hk.split_head_conv(x6, w, b), ref)
         e_band = _rel(hk.split_head_conv(x6, w, b, band_rows=64), ref)
         g32 = hk.conv_n128_ref(x6.float(), wp)
-        e_g32 = _rel(hk.head_stencil(g32, b32, T, 0, H, H, 0).to(bf), ref)
+        e_g32 = _rel(hs.head_stencil(g32, b32, T, 0, H, H, 0).to(bf), ref)
         del g32, ref
         ms = {r[0]: r[1] for r in rows}
         rows.append(("errors vs fp32", 0.0, f"cuDNN bf16 {e_cudnn:.2e}; split bf16-g cl {e_split:.2e} "

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from ... import dispatch
-from ...kernels import head as head_ops
+from ...kernels import head_math as head_ops
 from ...validation import as_float_dtype, check_device, check_tensor
 from ..hub_files import OFFLINE_HINT, HubFiles, require_repo_id
 from ..weights_io import WeightsError, read_state_dict

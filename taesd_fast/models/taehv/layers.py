@@ -103,8 +103,7 @@ class TPool(nn.Module):
         self.conv = conv1x1(n * stride, n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        nt, c, h, w = x.shape
-        return self.conv(x.reshape(nt // self.stride, self.stride * c, h, w))
+        return self.conv(frames_to_channels(x, self.stride))
 
 
 class TGrow(nn.Module):
@@ -118,15 +117,50 @@ class TGrow(nn.Module):
         self.conv = conv1x1(n, n * stride)
 
     def run(self, x: torch.Tensor, upscale: bool = True) -> torch.Tensor:
-        nt, c, h, w = x.shape
+        c = x.shape[1]
         if upscale or self.stride == 1:
-            y = self.conv(x)
-            return y.reshape(nt * self.stride, c, h, w)
+            return channels_to_frames(self.conv(x), self.stride)
         weight, _ = weight_rows(self.conv, slice(-c, None))
         return dispatch.conv2d(x, weight, None, layer=self.conv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def frames_to_channels(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """[n*stride, C, H, W] -> [n, stride*C, H, W]: each run of `stride` consecutive frames stacked along channels
+    (frame j of a run holds channels j*C..(j+1)*C-1), as upstream's reshape does. A channels_last input gives a
+    channels_last output (one copy), so the conv after it reads its native layout; reshape would make it NCHW."""
+    nt, c, h, w = x.shape
+    if stride == 1:
+        return x
+    if not _channels_last(x):
+        return x.reshape(nt // stride, stride * c, h, w)
+    out = torch.empty((nt // stride, stride * c, h, w), dtype=x.dtype, device=x.device,
+                      memory_format=torch.channels_last)
+    # channels_last memory is [frame, H, W, C]: copy [n, j, H, W, C] to [n, H, W, j, C].
+    out.permute(0, 2, 3, 1).view(nt // stride, h, w, stride, c).copy_(
+        x.permute(0, 2, 3, 1).view(nt // stride, stride, h, w, c).permute(0, 2, 3, 1, 4))
+    return out
+
+
+def channels_to_frames(y: torch.Tensor, stride: int) -> torch.Tensor:
+    """[n, stride*C, H, W] -> [n*stride, C, H, W], the inverse of `frames_to_channels` (TGrow's unfold into
+    frames), keeping a channels_last input channels_last."""
+    n, sc, h, w = y.shape
+    c = sc // stride
+    if stride == 1:
+        return y
+    if not _channels_last(y):
+        return y.reshape(n * stride, c, h, w)
+    out = torch.empty((n * stride, c, h, w), dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
+    out.permute(0, 2, 3, 1).view(n, stride, h, w, c).copy_(
+        y.permute(0, 2, 3, 1).view(n, h, w, stride, c).permute(0, 3, 1, 2, 4))
+    return out
 
 
 def weight_rows(conv: nn.Conv2d, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,18 +228,22 @@ class Preview:
 
 
 def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
-                 preview: Preview | None = None) -> torch.Tensor:
+                 preview: Preview | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Apply an encoder or decoder Sequential to x [batch*k, C, H, W] (k frames per sample, time-major).
 
     memory[j]: the j-th memory block's input at the frame before the first, [batch, C_j, H_j, W_j], or None for
     zeros (the start of a video); overwritten in place (or set, where None) with its input at the last frame.
     preview: the decoder's upscale switches (None: all on).
+    start, stop: run only seq[start:stop] (x is then the input of seq[start]); both must fall between layer groups,
+    e.g. at a memory block (`memory_indices`). decode_video runs the low-resolution layers on long chunks and the
+    full-resolution ones on short chunks of their output.
     """
     modules = list(seq)
-    mem = iter(range(len(memory)))
-    stage = 0
-    i = 0
-    while i < len(modules):
+    stop = len(modules) if stop is None else stop
+    mem = iter(range(sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start]), len(memory)))
+    stage = sum(isinstance(m, TGrow) for m in modules[:start])
+    i = start
+    while i < stop:
         m = modules[i]
         nxt = modules[i + 1] if i + 1 < len(modules) else None
         if isinstance(m, (MemBlock, SuperMemBlock)):
@@ -266,38 +304,60 @@ def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j:
 
 
 def live_elements(seq: nn.Sequential, channels: int, height: int, width: int, frames: int = 1,
-                  preview: Preview | None = None, output_copies: int = 0) -> int:
+                  preview: Preview | None = None, output_copies: int = 0, start: int = 0,
+                  stop: int | None = None) -> int:
     """The most activation elements alive at once while `run_sequence` takes `frames` frames of `channels` x
-    height x width through seq (weights and the input itself not counted), on the dispatcher's PyTorch path: a
-    conv's ReLU or residual add is a second output-sized tensor, the base decoder's nearest upsample a tensor of
-    its own. decode_video / encode_video size their chunks of frames by it, so a long video's decode needs the
-    memory of one chunk plus its output. `output_copies`: how many copies of seq's output are alive together
-    after it (the decoder's output, pixel shuffle and clamp: 3).
+    height x width through seq[start:stop] (weights and seq's input itself not counted), on the dispatcher's
+    PyTorch path: a conv's ReLU or residual add is a second output-sized tensor, the base decoder's nearest
+    upsample a tensor of its own. decode_video / encode_video size their chunks of frames by it, so a long video's
+    decode needs the memory of one chunk plus its output. `output_copies`: how many copies of the segment's output
+    are alive together after it (the decoder's output, pixel shuffle and clamp: 3)."""
+    peak = 0
+    for first, _, group_peak, (c, px, f) in _groups(seq, channels, height * width, frames, preview):
+        if first >= start and (stop is None or first < stop):
+            peak = max(peak, group_peak)
+    c, px, f = sizes_at(seq, channels, height, width, stop, frames, preview)
+    return max(peak, output_copies * c * px * f)
 
-    It walks the layers as `run_sequence` groups them and counts each group's tensors that are alive together: a
-    memory block holds its input, the past frames, the concatenation and its convs' outputs; an upsample group
-    its input, TGrow's output, the upsampled tensor and the conv's outputs."""
+
+def sizes_at(seq: nn.Sequential, channels: int, height: int, width: int, index: int | None, frames: int = 1,
+             preview: Preview | None = None) -> tuple[int, int, int]:
+    """(channels, pixels per frame, frames) of the input of seq[index] (None: of seq's output), for `frames`
+    frames of channels x height x width into seq."""
+    sizes = (channels, height * width, frames)
+    for first, _, _, after in _groups(seq, channels, height * width, frames, preview):
+        if index is not None and first >= index:
+            break
+        sizes = after
+    return sizes
+
+
+def _groups(seq: nn.Sequential, c: int, px: int, f: int, preview: Preview | None):
+    """Walk seq as `run_sequence` groups its layers: yields (first index, next index, the elements alive together
+    in the group, (channels, pixels, frames) of its output). A memory block holds its input, the past frames, the
+    concatenation and its convs' outputs; an upsample group its input, TGrow's output, the upsampled tensor and
+    the conv's outputs."""
     modules = list(seq)
-    c, px, f = channels, height * width, frames
-    peak, stage, i = 0, 0, 0
+    stage, i = 0, 0
     while i < len(modules):
         m = modules[i]
         size = c * px * f
+        first = i
         if isinstance(m, MemBlock):  # at the first conv: x, past, cat, 2 outputs; at the last: x, past, 5 outputs
             n_in, n_out = m.conv[0].in_channels // 2, m.conv[0].out_channels
-            peak = max(peak, max(4 * n_in + 2 * n_out, 2 * n_in + 5 * n_out) * px * f)
+            peak = max(4 * n_in + 2 * n_out, 2 * n_in + 5 * n_out) * px * f
             c, i = n_out, i + 1
         elif isinstance(m, SuperMemBlock):  # x, past, the depthwise output (2c), the expansion and its ReLU (4c each)
-            peak, i = max(peak, 12 * size), i + 1
+            peak, i = 12 * size, i + 1
         elif isinstance(m, Clamp):  # the input, its soft clamp, the conv's 2 outputs
             conv = modules[i + 1]
-            peak = max(peak, 3 * size, 2 * size + 2 * conv.out_channels * px * f)
+            peak = max(3 * size, 2 * size + 2 * conv.out_channels * px * f)
             c, i = conv.out_channels, i + 2
         elif isinstance(m, nn.Upsample):  # the input, TGrow's output, the upsampled tensor, the conv's 2 outputs
             grow, conv = modules[i + 1], modules[i + 2]
             t = grow.stride if preview is None or preview.time[stage] else 1
             s = 4 if preview is None or preview.space[stage] else 1
-            peak = max(peak, size + c * px * f * t + (c + 2 * conv.out_channels) * s * px * f * t)
+            peak = size + c * px * f * t + (c + 2 * conv.out_channels) * s * px * f * t
             c, px, f, stage, i = conv.out_channels, s * px, f * t, stage + 1, i + 3
         elif isinstance(m, DispatchConv2d) and i + 2 < len(modules) and isinstance(modules[i + 2], nn.PixelShuffle):
             grow = modules[i + 3]  # the super decoder's conv, ReLU, pixel shuffle, TGrow
@@ -305,15 +365,15 @@ def live_elements(seq: nn.Sequential, channels: int, height: int, width: int, fr
             s = 4 if preview is None or preview.space[stage] else 1
             c_out = grow.conv.in_channels
             wide = c_out * s * px * f  # the conv's output (its kept rows when the space upscale is off)
-            peak = max(peak, size + 3 * wide, wide + c_out * s * px * f * (1 + t))  # + ReLU, shuffle; then TGrow
+            peak = max(size + 3 * wide, wide + c_out * s * px * f * (1 + t))  # + ReLU, shuffle; then TGrow
             c, px, f, stage, i = c_out, s * px, f * t, stage + 1, i + 4
         elif isinstance(m, DispatchConv2d):
             px_out = px // (m.stride[0] * m.stride[0])
-            peak = max(peak, size + 2 * m.out_channels * px_out * f)
+            peak = size + 2 * m.out_channels * px_out * f
             c, px, i = m.out_channels, px_out, i + 1
         elif isinstance(m, TPool):
-            peak = max(peak, size + 2 * size // m.stride)
+            peak = size + 2 * size // m.stride
             f, i = f // m.stride, i + 1
         else:  # a ReLU: fused into the conv before it
-            i += 1
-    return max(peak, output_copies * c * px * f)
+            peak, i = 0, i + 1
+        yield first, i, peak, (c, px, f)

@@ -21,7 +21,7 @@ from ...value_range import warn_if_unusual_range
 from ..layers import conv_weights_channels_last, name_layers, preferred_layout
 from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
-                           run_sequence)
+                     run_sequence, sizes_at)
 from .stream import StreamState, check_video, graphed_step, replayable
 
 CHUNK_BYTES = 3 << 29  # 1.5 GiB of activations per chunk of decode_video / encode_video (TAEHV.chunk_bytes)
@@ -187,26 +187,62 @@ class TAEHV(nn.Module):
         """[N, T, C, h, w] latents -> [N, t_upscale*T - frames_to_trim, 3, H, W] frames in [0, 1] (4T - 3 for the
         4x-time models; taecvx keeps all 4T frames when T is even, as upstream).
 
-        The latent frames run through the streaming state in chunks sized by `chunk_bytes`, each chunk's frames
-        written into the one output tensor: the frames equal a whole-video decode's, and memory beyond the output
-        does not grow with the video's length. parallel=False decodes one latent frame per chunk.
+        The latent frames run through the streaming state in chunks whose activations fit `chunk_bytes`: long
+        chunks through the low-resolution layers, their output in short chunks through the last stage, each
+        chunk's frames written into the one output tensor. The frames equal a whole-video decode's, and memory
+        beyond the output does not grow with the video's length. parallel=False decodes one latent frame at a time.
         uint8: frames as uint8 in [0, 255] (rounded), for writing video (half or a quarter of the output memory)."""
         param = self._param("decoder")
         check_video(latents, "latents", self.latent_channels, param)
-        n, t, _, h, w = latents.shape
+        n, t, c, h, w = latents.shape
         trim = 0 if self._untrimmed(t) else self.frames_to_trim
         side = self.space_upscale
         out = torch.empty(n, self.t_upscale * t - trim, 3, h * side, w * side,
                           dtype=torch.uint8 if uint8 else param.dtype, device=param.device)
-        chunk = self._chunk_length("decoder", t, h, w, param) if parallel else 1
-        state, written = None, 0
-        for start, stop in _progress(chunk_spans(t, chunk), show_progress_bar, "decoding"):
-            skip = trim if start == 0 else 0
-            count = self.t_upscale * (stop - start) - skip
-            _, state = self._decode(latents[:, start:stop], state, uint8, param, into=out[:, written:written + count],
-                                    skip=skip)
-            written += count
+        if not parallel:
+            state, written = None, 0
+            for start in _progress(range(t), show_progress_bar, "decoding"):
+                skip = trim if start == 0 else 0
+                count = self.t_upscale - skip
+                _, state = self._decode(latents[:, start:start + 1], state, uint8, param,
+                                        into=out[:, written:written + count], skip=skip)
+                written += count
+            return out
+        # The layers before the last stage's memory blocks run on long chunks of latent frames (their activations
+        # are small, and short chunks would leave their convs too little work); their output is then cut into short
+        # chunks of frames for the full-resolution layers. The memory blocks carry each frame's past across both.
+        outer, inner, cut = self._decode_chunks(t, h, w, param)
+        state = self._state("decoder", None, n, h, w, param)
+        written, to_skip = 0, trim
+        with torch.no_grad():
+            for start, stop in _progress(chunk_spans(t, outer), show_progress_bar, "decoding"):
+                x = preferred_layout(latents[:, start:stop].reshape(n * (stop - start), c, h, w))
+                mid = run_sequence(self.decoder, x, n, state.memory, self.preview, stop=cut)
+                mid = mid.view(n, -1, *mid.shape[1:])
+                for a, b in chunk_spans(mid.shape[1], inner):
+                    y = run_sequence(self.decoder, preferred_layout(mid[:, a:b].flatten(0, 1)), n, state.memory,
+                                     self.preview, start=cut)
+                    produced = y.shape[0] // n
+                    skip = min(to_skip, produced)
+                    to_skip -= skip
+                    self._postprocess(y, uint8, into=out[:, written:written + produced - skip], skip=skip)
+                    written += produced - skip
+                    del y  # not alive while the next chunk runs
+                del mid
         return out
+
+    def _decode_chunks(self, total: int, h: int, w: int, param: torch.Tensor) -> tuple[int, int, int]:
+        """(latent frames per chunk of the layers before `cut`, frames per chunk of the layers from `cut` on, cut):
+        the long chunks' activations fit `chunk_bytes`, and their output with the short chunks' activations does."""
+        seq, c_in, size = self.decoder, self.latent_channels, param.element_size()
+        cut = memory_indices(seq)[-3]
+        low = live_elements(seq, c_in, h, w, preview=self.preview, stop=cut) * size
+        c, px, f = sizes_at(seq, c_in, h, w, cut, preview=self.preview)
+        low_out = c * px * f * size  # per latent frame
+        high = live_elements(seq, c_in, h, w, preview=self.preview, output_copies=3, start=cut) * size / f
+        outer = max(1, int(min(total, self.chunk_bytes / low, self.chunk_bytes / 2 / low_out)))
+        inner = max(1, int(min(outer * f, (self.chunk_bytes - outer * low_out) / high)))
+        return outer, inner, cut
 
     def _chunk_length(self, part: str, total: int, h: int, w: int, param: torch.Tensor) -> int:
         """Latent frames per chunk of encode_video / decode_video (of `total`): as many as keep a chunk's
@@ -258,9 +294,10 @@ class TAEHV(nn.Module):
 
     def _encode(self, video: torch.Tensor, state: StreamState | None, param: torch.Tensor, graphed: bool = True):
         n, t, _, h, w = video.shape
-        x = preferred_layout(video.reshape(n * t, 3, h, w))
+        x = video.reshape(n * t, 3, h, w)
         if self.patch_size > 1:
             x = F.pixel_unshuffle(x, self.patch_size)
+        x = preferred_layout(x)  # after the unshuffle, whose output is NCHW
         state = self._state("encoder", state, n, h, w, param)
         out = self._stream(self.encoder, x, state, graphed=graphed)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state

@@ -1,8 +1,8 @@
-"""The fused head's g kernel in CUDA C++ for Hopper (row "cuda_fused"; csrc/head_g_sm90.cu, compiled with NVRTC for
-sm_90a): the Gluon kernel's contract (head_wgmma.py: same inputs, g and new cache), with g's 112 columns in one
-m64n112k16 wgmma per tap and k-step, both operands in shared memory (the activated frame box is the transposed A
-operand as it lies; Gluon's power-of-two shapes cut the columns 64 + 32 + 16, with the frame loaded into registers
-for each).
+"""Row "cuda_fused" (kind head_full): the fused head (head_full_common.py) with its g kernel in CUDA C++ for Hopper
+(csrc/head_g_sm90.cu, compiled with NVRTC for sm_90a): the Gluon kernel's contract (gluon_fused.py: same inputs, g
+and new cache), with g's 112 columns in one m64n112k16 wgmma per tap and k-step, both operands in shared memory (the
+activated frame box is the transposed A operand as it lies; Gluon's power-of-two shapes cut the columns 64 + 32 + 16,
+with the frame loaded into registers for each).
 
 Design points: the per-pixel sum of squares is one reduce-scatter across the warp; g is stored as 8-byte pairs that
 fill whole sectors; the frames stream through two rings (raw and activated), because the weights fill 168 of the
@@ -23,7 +23,9 @@ from torch import Tensor
 
 from .. import _backend
 from .device import capability, sm_count
+from .head_full_common import contract_spec_reason, hopper_operands, packed_taps, row_run
 from .head_g_layout import GC as G
+from .head_stencil import stencil_ready
 from .tma import tensor_map
 from .tma_pdl import frames_layout, frames_tma_reason
 
@@ -70,23 +72,36 @@ def shape_reason(c: int, h: int, w: int, device: torch.device | str) -> str | No
     return None
 
 
+def _call_reason(c: int, h: int, w: int, device) -> str | None:
+    """shape_reason, then an earlier compile or launch failure in this process."""
+    return shape_reason(c, h, w, device) or (_failure[0] if _failure else None)
+
+
 def unsupported_reason(features: Tensor, cache: Tensor | None) -> str | None:
     """Why these flat-pixel bf16 tensors cannot take the kernel as they are, or None."""
     _, c, _, h, w = features.shape
-    why = shape_reason(c, h, w, features.device)
-    if why is None and _failure:
-        why = _failure[0]
-    return why or frames_tma_reason(features, cache) or _backend.kernels_unavailable_reason(features.device)
+    return (_call_reason(c, h, w, features.device) or frames_tma_reason(features, cache)
+            or _backend.kernels_unavailable_reason(features.device))
 
 
 def _defines(c: int) -> dict[str, int]:
     return {"CHUNKS": c // CHUNK, "SLOTS": _slots(c), "ACT_SLOTS": ACT_SLOTS}
 
 
-def spec_ready(device, c: int) -> bool:
-    """True once the kernel for C is compiled and loaded (launching it then compiles nothing; T and the cache are
-    arguments)."""
-    return _backend.is_loaded(SOURCE, KERNEL, _defines(c), device)
+def spec_ready(spec) -> bool:
+    """True once the kernel for C and the stencil are compiled and loaded (launching them then compiles nothing; T
+    and the cache are arguments): safe inside a CUDA-graph capture."""
+    return stencil_ready(spec) and _backend.is_loaded(SOURCE, KERNEL, _defines(spec.x_shape[1]), spec.device)
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The fused head's contract (head_full_common), this kernel's shape rule, no earlier compile failure (NVRTC
+    itself is checked by the dispatcher for rows marked nvrtc)."""
+    reason = contract_spec_reason(spec)
+    if reason is None:
+        b, c, t, h, w = spec.x_shape
+        reason = _call_reason(c, h, w, spec.device)
+    return reason
 
 
 def _frames_map(x: Tensor, frames: int):
@@ -98,7 +113,7 @@ def _frames_map(x: Tensor, frames: int):
 
 def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,
            eps: float, source: str = SOURCE) -> None:
-    """As head_wgmma.launch: features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale *
+    """As gluon_fused.launch: features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale *
     gamma fp32 [C]; wt = W^T [3, 112, C] bf16; g [B, T, H, W, 112] and new_cache [B, C, 2, H, W] contiguous outputs.
     The caller checks `unsupported_reason` first; `source` names a variant of the kernel's source (the probe's)."""
     b, c, t, h, w = features.shape
@@ -113,3 +128,19 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     grid = min(b * tiles, sm_count(features.device))
     args = [x_map, c_map, w_map, nc_map, gs, g, h * w, b * tiles, tiles, t, int(cache is not None), float(eps)]
     kernel((grid,), (kernel.max_threads,), args, smem=_smem(c))  # the source's __launch_bounds__ sets the block
+
+
+def launch_g(features: Tensor, cache: Tensor | None, gs: Tensor, weight: Tensor, g: Tensor, new_cache: Tensor,
+             eps: float) -> None:
+    """The row's g kernel for head_full_common.fused_head_with. A compile or launch failure is remembered (give_up)
+    and raised."""
+    _, c, _, h, w = features.shape
+    features, cache = hopper_operands(NAME, _call_reason(c, h, w, features.device), features, cache)
+    try:
+        launch(features, cache, gs, packed_taps(weight, transposed=True), g, new_cache, eps)
+    except RuntimeError as err:  # NVRTC or the driver refused it: remembered (the row's rule says so from now on)
+        give_up(err)
+        raise
+
+
+run = row_run(NAME)
