@@ -91,7 +91,7 @@ def test_the_shipped_file_names_real_rows_and_parses():
     assert known._source() == str(known.SHIPPED)
 
 
-def test_the_tuning_process_leaves_out_what_lost_clearly_and_the_decision_says_why(fake_kernel, figures):
+def test_the_tuning_process_leaves_out_what_lost_clearly_and_the_decision_says_why(fake_kernel, figures):  # noqa: F811
     x, w, b = _data(11)
     spec = Spec("conv2d", "cpu", tuple(x.shape), tuple(w.shape), x.dtype, 1, True, False, True, "nchw")
     figures({known.call_key(spec, False): {"torch": 1.0, "fake": 3.0}}, gpu="cpu")
