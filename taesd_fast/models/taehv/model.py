@@ -233,11 +233,14 @@ class TAEHV(nn.Module):
 
     def _decode_chunks(self, total: int, h: int, w: int, param: torch.Tensor) -> tuple[int, int, int]:
         """(latent frames per chunk of the layers before `cut`, frames per chunk of the layers from `cut` on, cut):
-        the long chunks' activations fit `chunk_bytes`, and their output with the short chunks' activations does."""
+        the whole clip at once where its activations fit `chunk_bytes`; else long chunks whose activations fit it,
+        and short chunks whose activations fit it beside the long chunk's output."""
         seq, c_in, size = self.decoder, self.latent_channels, param.element_size()
         cut = memory_indices(seq)[-3]
-        low = live_elements(seq, c_in, h, w, preview=self.preview, stop=cut) * size
         c, px, f = sizes_at(seq, c_in, h, w, cut, preview=self.preview)
+        if total * self._bytes_per_latent("decoder", h, w, param) <= self.chunk_bytes:
+            return total, total * f, cut  # the whole clip at once: every conv gets the most work per launch
+        low = live_elements(seq, c_in, h, w, preview=self.preview, stop=cut) * size
         low_out = c * px * f * size  # per latent frame
         high = live_elements(seq, c_in, h, w, preview=self.preview, output_copies=3, start=cut) * size / f
         outer = max(1, int(min(total, self.chunk_bytes / low, self.chunk_bytes / 2 / low_out)))
