@@ -19,6 +19,7 @@ there as profile_taehv_<variant>.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -155,10 +156,12 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
     units = group_units(model.decoder)
     rec = Recorder(units, cuda)
     decode = lambda: model.decode_video(z)  # noqa: E731  (the user's call)
-    with torch.no_grad(), dispatch.backend(backend):
+    with torch.no_grad(), dispatch.backend(backend), contextlib.ExitStack() as after_warmup:
         with dispatch.tuning("blocking"):
             out = decode()
             decode()  # warm-up: tuning, cuDNN choices, the allocator
+        # What the warm-up did not tune must not start a tuning process in the middle of the measurement.
+        after_warmup.enter_context(dispatch.tuning("off"))
         rec.marks.clear()
         runs_ms = []
         for _ in range(runs):

@@ -112,10 +112,10 @@ def _frames_map(x: Tensor, frames: int):
 
 
 def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Tensor, new_cache: Tensor,
-           eps: float, source: str = SOURCE) -> None:
+           eps: float) -> None:
     """As gluon_fused.launch: features [B, C, T, H, W] and cache [B, C, 2, H, W] bf16 with flat pixels; gs = scale *
     gamma fp32 [C]; wt = W^T [3, 112, C] bf16; g [B, T, H, W, 112] and new_cache [B, C, 2, H, W] contiguous outputs.
-    The caller checks `unsupported_reason` first; `source` names a variant of the kernel's source (the probe's)."""
+    The caller checks `unsupported_reason` first."""
     b, c, t, h, w = features.shape
     if cache is None and t == 1:
         new_cache[:, :, 0].zero_()  # the window's causal zero frame; the kernel skips zero frames
@@ -124,7 +124,7 @@ def launch(features: Tensor, cache: Tensor | None, gs: Tensor, wt: Tensor, g: Te
     w_map = tensor_map(wt.reshape(3 * G, c), [c, 3 * G], [c], [CHUNK, G])
     tiles = -(-(h * w) // BLOCK_P)
     nc_map = _frames_map(new_cache, 2)
-    kernel = _backend.get_kernel(source, KERNEL, _defines(c), device=features.device)
+    kernel = _backend.get_kernel(SOURCE, KERNEL, _defines(c), device=features.device)
     grid = min(b * tiles, sm_count(features.device))
     args = [x_map, c_map, w_map, nc_map, gs, g, h * w, b * tiles, tiles, t, int(cache is not None), float(eps)]
     kernel((grid,), (kernel.max_threads,), args, smem=_smem(c))  # the source's __launch_bounds__ sets the block
