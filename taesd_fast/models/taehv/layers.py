@@ -312,11 +312,13 @@ def live_elements(seq: nn.Sequential, channels: int, height: int, width: int, fr
     upsample a tensor of its own. decode_video / encode_video size their chunks of frames by it, so a long video's
     decode needs the memory of one chunk plus its output. `output_copies`: how many copies of the segment's output
     are alive together after it (the decoder's output, pixel shuffle and clamp: 3)."""
-    peak = 0
-    for first, _, group_peak, (c, px, f) in _groups(seq, channels, height * width, frames, preview):
-        if first >= start and (stop is None or first < stop):
+    peak, (c, px, f) = 0, (channels, height * width, frames)
+    for first, group_peak, after in _groups(seq, channels, height * width, frames, preview):
+        if stop is not None and first >= stop:
+            break
+        if first >= start:
             peak = max(peak, group_peak)
-    c, px, f = sizes_at(seq, channels, height, width, stop, frames, preview)
+        c, px, f = after
     return max(peak, output_copies * c * px * f)
 
 
@@ -325,7 +327,7 @@ def sizes_at(seq: nn.Sequential, channels: int, height: int, width: int, index: 
     """(channels, pixels per frame, frames) of the input of seq[index] (None: of seq's output), for `frames`
     frames of channels x height x width into seq."""
     sizes = (channels, height * width, frames)
-    for first, _, _, after in _groups(seq, channels, height * width, frames, preview):
+    for first, _, after in _groups(seq, channels, height * width, frames, preview):
         if index is not None and first >= index:
             break
         sizes = after
@@ -333,7 +335,7 @@ def sizes_at(seq: nn.Sequential, channels: int, height: int, width: int, index: 
 
 
 def _groups(seq: nn.Sequential, c: int, px: int, f: int, preview: Preview | None):
-    """Walk seq as `run_sequence` groups its layers: yields (first index, next index, the elements alive together
+    """Walk seq as `run_sequence` groups its layers: yields (the group's first index, the elements alive together
     in the group, (channels, pixels, frames) of its output). A memory block holds its input, the past frames, the
     concatenation and its convs' outputs; an upsample group its input, TGrow's output, the upsampled tensor and
     the conv's outputs."""
@@ -376,4 +378,4 @@ def _groups(seq: nn.Sequential, c: int, px: int, f: int, preview: Preview | None
             f, i = f // m.stride, i + 1
         else:  # a ReLU: fused into the conv before it
             peak, i = 0, i + 1
-        yield first, i, peak, (c, px, f)
+        yield first, peak, (c, px, f)

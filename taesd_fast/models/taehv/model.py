@@ -199,19 +199,10 @@ class TAEHV(nn.Module):
         side = self.space_upscale
         out = torch.empty(n, self.t_upscale * t - trim, 3, h * side, w * side,
                           dtype=torch.uint8 if uint8 else param.dtype, device=param.device)
-        if not parallel:
-            state, written = None, 0
-            for start in _progress(range(t), show_progress_bar, "decoding"):
-                skip = trim if start == 0 else 0
-                count = self.t_upscale - skip
-                _, state = self._decode(latents[:, start:start + 1], state, uint8, param,
-                                        into=out[:, written:written + count], skip=skip)
-                written += count
-            return out
         # The layers before the last stage's memory blocks run on long chunks of latent frames (their activations
         # are small, and short chunks would leave their convs too little work); their output is then cut into short
         # chunks of frames for the full-resolution layers. The memory blocks carry each frame's past across both.
-        outer, inner, cut = self._decode_chunks(t, h, w, param)
+        outer, inner, cut = self._decode_chunks(t, h, w, param, parallel)
         state = self._state("decoder", None, n, h, w, param)
         written, to_skip = 0, trim
         with torch.no_grad():
@@ -231,13 +222,17 @@ class TAEHV(nn.Module):
                 del mid
         return out
 
-    def _decode_chunks(self, total: int, h: int, w: int, param: torch.Tensor) -> tuple[int, int, int]:
+    def _decode_chunks(self, total: int, h: int, w: int, param: torch.Tensor,
+                       parallel: bool = True) -> tuple[int, int, int]:
         """(latent frames per chunk of the layers before `cut`, frames per chunk of the layers from `cut` on, cut):
-        the whole clip at once where its activations fit `chunk_bytes`; else long chunks whose activations fit it,
-        and short chunks whose activations fit it beside the long chunk's output."""
+        one latent frame at a time without `parallel`; the whole clip at once where its activations fit
+        `chunk_bytes`; else long chunks whose activations fit it, and short chunks whose activations fit it beside
+        the long chunk's output."""
         seq, c_in, size = self.decoder, self.latent_channels, param.element_size()
         cut = memory_indices(seq)[-3]
         c, px, f = sizes_at(seq, c_in, h, w, cut, preview=self.preview)
+        if not parallel:
+            return 1, f, cut
         if total * self._bytes_per_latent("decoder", h, w, param) <= self.chunk_bytes:
             return total, total * f, cut  # the whole clip at once: every conv gets the most work per launch
         low = live_elements(seq, c_in, h, w, preview=self.preview, stop=cut) * size
@@ -305,20 +300,13 @@ class TAEHV(nn.Module):
         out = self._stream(self.encoder, x, state, graphed=graphed)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
 
-    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor,
-                into: torch.Tensor | None = None, skip: int = 0):
-        """Decode a chunk of latent frames on the stream's state. With `into` (a chunk of decode_video's output)
-        the step runs eagerly and its frames after the first `skip` are written there; otherwise they are
-        returned (a graph replay on CUDA from the stream's second step)."""
+    def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor):
+        """Decode a step's latent frames on the stream's state (a graph replay on CUDA from the second step)."""
         n, k, c, h, w = latents.shape
         state = self._state("decoder", state, n, h, w, param)
         x = preferred_layout(latents.reshape(n * k, c, h, w))
-        if into is None:
-            out = self._stream(self.decoder, x, state, uint8=uint8)
-            return out.reshape(n, -1, *out.shape[1:]), state
-        out = self._stream(self.decoder, x, state, graphed=False, postprocess=False)
-        self._postprocess(out, uint8, into=into, skip=skip)
-        return into, state
+        out = self._stream(self.decoder, x, state, uint8=uint8)
+        return out.reshape(n, -1, *out.shape[1:]), state
 
     def _state(self, part: str, state: StreamState | None, n: int, h: int, w: int, param) -> StreamState:
         preview = self.preview if part == "decoder" else None
@@ -335,13 +323,13 @@ class TAEHV(nn.Module):
         return state
 
     def _stream(self, seq: nn.Sequential, x: torch.Tensor, state: StreamState, uint8: bool = False,
-                graphed: bool = True, postprocess: bool = True) -> torch.Tensor:
-        """run_sequence on the state's memory (then the decoder's postprocess, unless postprocess=False); on CUDA
-        with `graphed`, a graph replay from the second call with this shape on. decode_video / encode_video run
-        their chunks eagerly: a graph's private memory pool would hold a second chunk's worth of activations."""
+                graphed: bool = True) -> torch.Tensor:
+        """run_sequence on the state's memory (then the decoder's postprocess); on CUDA with `graphed`, a graph
+        replay from the second call with this shape on. encode_video runs its chunks eagerly (and decode_video
+        runs run_sequence itself): a graph's private memory pool would hold a second chunk's worth of activations."""
         batch = state.signature[0]
         preview = self.preview if state.part == "decoder" else None
-        post = postprocess and state.part == "decoder"
+        post = state.part == "decoder"
 
         def step(inp: torch.Tensor) -> torch.Tensor:
             out = run_sequence(seq, inp, batch, state.memory, preview)
