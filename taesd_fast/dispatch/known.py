@@ -56,7 +56,6 @@ def _load(path: str) -> dict:
         return {}
     out = {}
     for gpu, entries in gpus.items():
-        exact = dict(entries)
         layers: dict[str, list] = {}
         for key, ms in entries.items():
             try:
@@ -64,7 +63,7 @@ def _load(path: str) -> dict:
             except (ValueError, IndexError):
                 continue
             layers.setdefault(layer, []).append((size, ms))
-        out[gpu] = (exact, layers)
+        out[gpu] = (entries, layers)
     return out
 
 
