@@ -151,6 +151,11 @@ def _compile(src: str, name: str, arch: str, cubin: bool, opts: list[str]) -> by
 ARCH_SPECIFIC = {"conv_row_sm90.cu": 90, "head_g_sm90.cu": 90}
 
 
+# Called with (source, defines, cc) before a build that is not in the disk cache; the tuning process records the
+# builds its candidates need with it (dispatch/compile_pool.py), raising to skip the build.
+compile_miss_hook = None
+
+
 def _binary(source_name: str, defines: dict[str, int], cc: int) -> bytes:
     """Compiled image for (source, defines, device arch), via the on-disk cache."""
     arch, cubin = (f"sm_{cc}a", True) if ARCH_SPECIFIC.get(source_name) == cc else _target(cc)
@@ -162,6 +167,8 @@ def _binary(source_name: str, defines: dict[str, int], cc: int) -> bytes:
         return path.read_bytes()
     except OSError:
         pass
+    if compile_miss_hook is not None:
+        compile_miss_hook(source_name, defines, cc)
     image = _compile(src, source_name, arch, cubin, opts)
     try:  # best effort: an unwritable cache only costs a recompile next process
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,20 +2,23 @@
 (taesd_fast's timings, Triton's and Inductor's kernels) start empty, beside the torch backend's calls, and again in a
 second process that reuses those caches.
 
-    python tools/bench_first_use.py [--blocking] [--keep DIR]
+    python tools/bench_first_use.py [--serial] [--blocking] [--keep DIR]
 
 Each measured process loads the bundled TAEF2 weights in float16 on CUDA and calls `decode` three times for each of
 256² B=1, 256² B=64 and 512² B=1, then for a shape it has not seen (256² B=4), synchronizing after every call. Then
 it waits for subprocess tuning to finish (how long after its first call) and times the tuned calls (graph replays);
 it also records each tuning process's lifetime and its allocator's peak GPU memory.
 Processes: "torch" (set_backend("torch"), its own empty caches), "cold" (default settings, empty caches), "second"
-(default settings, the caches "cold" left), and with --blocking "blocking" (TAESD_FAST_TUNING=blocking, empty
-caches: tuning inside the calls). Prints a table; writes first_use.json under $OUT when it is set.
+(default settings, the caches "cold" left), with --serial "serial" (empty caches, the tuning process compiling
+without its compile workers: TAESD_FAST_TUNING_COMPILERS=0) and with --blocking "blocking" (TAESD_FAST_TUNING=
+blocking, empty caches: tuning inside the calls). Prints a table; writes first_use.json, and the tuning processes'
+logs, under $OUT when it is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import json
 import os
 import statistics
@@ -143,6 +146,9 @@ def table(runs: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocking", action="store_true", help="also run a cold process with blocking tuning")
+    ap.add_argument("--serial", action="store_true",
+                    help="also run a cold process whose tuning compiles without its worker processes "
+                         "(TAESD_FAST_TUNING_COMPILERS=0), on caches of its own")
     ap.add_argument("--keep", type=Path, help="put the cache folders here (must not exist) instead of a temp dir")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -156,11 +162,18 @@ def main() -> None:
     runs = {"torch": run_child("torch", "torch", root / "torch", {})}
     runs["cold"] = run_child("cold", "auto", root / "auto", {"TAESD_FAST_TUNING": "subprocess"})
     runs["second"] = run_child("second", "auto", root / "auto", {"TAESD_FAST_TUNING": "subprocess"})
+    if args.serial:
+        runs["serial"] = run_child("serial", "auto", root / "serial",
+                                   {"TAESD_FAST_TUNING": "subprocess", "TAESD_FAST_TUNING_COMPILERS": "0"})
     if args.blocking:
         runs["blocking"] = run_child("blocking", "auto", root / "blocking", {"TAESD_FAST_TUNING": "blocking"})
     text = table(runs)
     print(text)
     if os.environ.get("OUT"):
+        for sub in ("auto", "serial"):  # the tuning processes' logs: a line per job with its seconds
+            log = root / sub / "taesd_fast" / "dispatch" / "tuner.log"
+            if log.exists():
+                shutil.copyfile(log, Path(os.environ["OUT"]) / f"first_use_tuner_{sub}.log")
         path = Path(os.environ["OUT"]) / "first_use.json"
         path.write_text(json.dumps(runs, indent=1))
         (path.with_suffix(".txt")).write_text(text + "\n")

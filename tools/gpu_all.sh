@@ -2,7 +2,7 @@
 # Everything that needs the GPU, in calls that each fit the device's 10-minute limit per command. Run from the
 # repository root on a CUDA machine; logs and tables under $OUT (default /tmp/out).
 #
-#   bash tools/gpu_all.sh 1    GPU tests (tests/gpu in four groups of files run at once)
+#   bash tools/gpu_all.sh 1    GPU tests (tests/gpu in five groups of files run at once)
 #                              + the taesd section (TAESD vs eager / channels_last / graph / torch.compile)
 #   bash tools/gpu_all.sh 2    first use (tools/bench_first_use.py: fresh processes with empty caches, then a second
 #                              process on the caches the first left) + the taehv section (TAEHV vs plain PyTorch)
@@ -47,18 +47,19 @@ limit() { timeout -k 10 "$@"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } | tee $OUT/env.txt
-if [ "$TEST_S" != 0 ]; then  # four groups of test files at once (compiles are CPU-bound; ~270 s on the H200)
+if [ "$TEST_S" != 0 ]; then  # five groups of test files at once (compiles are CPU-bound; ~270 s on the H200)
   G=tests/gpu
   group() { name=$1; shift
     TAESD_FAST_CACHE_DIR=/tmp/taesd_fast_cache_$name limit $TEST_S python3 -m pytest "$@" -q -rs -p no:cacheprovider \
       --durations=8 > $OUT/pytest_gpu_$name.log 2>&1
     echo "GPU tests $name rc=$? (124: out of time): $(tail -1 $OUT/pytest_gpu_$name.log)"; }
-  group tuning_taehv $G/test_tuning_gpu.py $G/test_taehv_gpu.py $G/test_graphs_gpu.py $G/test_dispatch_gpu.py &
+  group tuning $G/test_tuning_gpu.py &
+  group taehv_graphs $G/test_taehv_gpu.py $G/test_graphs_gpu.py &
   group head $G/test_head_fused_gpu.py $G/test_head_kernels.py $G/test_head_module_gpu.py &
-  group conv_rows $G/test_conv_rows_gpu.py $G/test_conv_tc_gpu.py &
-  group conv_taesd $G/test_conv_kernels.py $G/test_taesd_kernels_gpu.py $G/test_value_range_gpu.py &
+  group conv_rows $G/test_conv_rows_gpu.py $G/test_conv_tc_gpu.py $G/test_compile_pool_gpu.py &
+  group conv_taesd $G/test_conv_kernels.py $G/test_taesd_kernels_gpu.py $G/test_value_range_gpu.py $G/test_dispatch_gpu.py &
   wait
-  left=$(ls $G/test_*.py | grep -v -E "test_(tuning|taehv|graphs|dispatch|head_fused|head_kernels|head_module|conv_rows|conv_tc|conv_kernels|taesd_kernels|value_range)_?gpu|test_(head_kernels|conv_kernels)\.py")
+  left=$(ls $G/test_*.py | grep -v -E "test_(tuning|taehv|graphs|dispatch|head_fused|head_kernels|head_module|conv_rows|conv_tc|compile_pool|conv_kernels|taesd_kernels|value_range)_?gpu|test_(head_kernels|conv_kernels)\.py")
   [ -z "$left" ] || echo "GPU test files in no group (add them above): $left"
 fi
 if [ -n "$CONV_TC" ]; then

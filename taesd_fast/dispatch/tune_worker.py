@@ -2,11 +2,12 @@
 by the user's process.
 
 It reads jobs from stdin, one JSON object a line: the call's metadata only (Spec, argument shapes, strides, dtypes
-and devices, the timings file, the cache folders). For each it finds the eligible rows, compiles them (on several
-threads, so ptxas, the launcher builds and NVRTC overlap), times them on stand-ins from its own generator, writes
-the timings to the store and the compiled kernels to the on-disk caches, and answers on RESULT_FD:
+and devices, the timings file, the cache folders). For each it finds the eligible rows, compiles them, times them on
+stand-ins from its own generator, writes the timings to the store and the compiled kernels to the on-disk caches,
+and answers on RESULT_FD:
 {"event": "start", "id"} when it begins a job, {"event": "done", "id", "ms", "failed", "error", "idle"} when it
-ends one ("idle": nothing else is queued).
+ends one ("idle": nothing else is queued). Before timing a job it hands the kernels of every queued job to the
+compile workers (compile_pool.py: processes without CUDA), so the compiles of a first use run side by side.
 
 All GPU work of tuning happens here, so none of it can meet the user's synchronizes, RNG draws or captures. Before a
 job it checks the GPU's free memory: a job that needs more than the budget (the smaller of
@@ -27,6 +28,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from . import compile_pool
 
 IDLE_EXIT_S = 2.0
 EXIT_GRACE_S = 5.0
@@ -78,6 +81,11 @@ class _Inbox:
                 return None
             return heapq.heappop(self.heap)[2]
 
+    def queued(self) -> list[dict]:
+        """The jobs waiting, in the order they will run."""
+        with self.cv:
+            return [entry[2] for entry in sorted(self.heap)]
+
     def idle(self) -> bool:
         with self.cv:
             return not self.heap
@@ -111,22 +119,78 @@ def _cap_allocator(device: str, budget: int) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved(d) + budget) / total), d)
 
 
-def tune(job: dict) -> dict:
+def _job(job: dict) -> tuple:
+    """(spec, argument metadata, graph, eligible rows, skipped rows) of a job, with the parent's cache folders (as
+    they were at the time of the call) applied to this process."""
+    from . import decide
+    from .spec import meta_from_json, spec_from_json
+
+    for var, value in job.get("env", {}).items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    spec, meta, graph = spec_from_json(job["spec"]), meta_from_json(job["meta"]), bool(job["graph"])
+    return (spec, meta, graph, *decide.eligible(spec, "auto"))
+
+
+class _Compiles:
+    """The queued jobs' candidate kernels handed to the compile workers (compile_pool.py) ahead of their timing."""
+
+    def __init__(self):
+        self.workers = compile_pool.default_workers()
+        self.pool: compile_pool.CompilePool | None = None
+        self.futures: dict[int, list] = {}
+
+    def plan(self, job: dict) -> None:
+        """Record what the job's shortlisted kernel rows compile and submit it (once per job; CUDA jobs only)."""
+        if self.workers == 0 or job["id"] in self.futures:
+            return
+        self.futures[job["id"]] = []
+        import torch
+
+        from . import decide, known, measure, store
+
+        spec, meta, graph, rows, _ = _job(job)
+        if not spec.on_cuda or not decide.needs_timing(rows, store.get(spec.key(decide.device_name(spec.device),
+                                                                                  graph))):
+            return
+        rows, _ = known.shortlist(decide.device_name(spec.device), spec, graph, rows)
+        kernels = [r for r in rows if r.kernel]
+        budget = _memory_budget(spec.device)
+        if not kernels or measure.bytes_needed(spec, meta) > budget:
+            return
+        if self.pool is None:  # its processes start while the first job records
+            self.pool = compile_pool.CompilePool(self.workers)
+        _cap_allocator(spec.device, budget)
+        with torch.cuda.device(torch.device(spec.device)), torch.no_grad():
+            tasks = compile_pool.record(kernels, lambda: measure.fresh_args(spec.kind, meta))
+        self.futures[job["id"]] = self.pool.submit(tasks, job.get("env", {}))
+
+    def wait(self, job: dict) -> str:
+        """Wait for the job's compiles; a note for the job's log line."""
+        futures = self.futures.pop(job["id"], [])
+        if not futures:
+            return ""
+        t0 = time.perf_counter()
+        done, errors = compile_pool.wait(futures)
+        return (f", {done}/{len(futures)} compiles by the workers (waited {time.perf_counter() - t0:.1f} s)"
+                + "".join(f"\n  compile worker: {e}" for e in errors[:3]))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def tune(job: dict, note: str = "") -> dict:
     """One job: {"ms", "failed"} (row name -> ms / why), timings stored in job["path"]. Logs a line per job."""
     import torch
 
     t0 = time.perf_counter()
     from . import decide, measure, store
-    from .spec import meta_from_json, spec_from_json
 
-    for var, value in job.get("env", {}).items():  # the parent's cache folders at the time of the call
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    spec, meta, graph, rows, skipped = _job(job)
     torch.backends.cudnn.benchmark = bool(job.get("cudnn_benchmark", torch.backends.cudnn.benchmark))
-    spec, meta, graph = spec_from_json(job["spec"]), meta_from_json(job["meta"]), bool(job["graph"])
-    rows, skipped = decide.eligible(spec, "auto")
     tkey = spec.key(decide.device_name(spec.device), graph)
     path = Path(job["path"]) if job.get("path") else None
     if not any(r.kernel for r in rows):  # recorded, so that the next process decides PyTorch without asking
@@ -155,7 +219,7 @@ def tune(job: dict) -> dict:
     best = min(ms, key=ms.get) if ms else "-"
     print(f"{time.strftime('%H:%M:%S')} job {job['id']}: {spec.kind} x{spec.x_shape} w{spec.w_shape} "
           f"graph={int(graph)}: {len(rows)} rows, {threads} threads, {time.perf_counter() - t0:.1f} s, fastest "
-          f"{best}" + "".join(f"\n  {name} {why}" for name, why in failed.items()), flush=True)
+          f"{best}{note}" + "".join(f"\n  {name} {why}" for name, why in failed.items()), flush=True)
     return {"ms": ms, "failed": failed}
 
 
@@ -181,18 +245,24 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=inbox.read, args=(sys.stdin,), daemon=True).start()
     threading.Thread(target=inbox.watch, args=(os.getppid(),), daemon=True).start()
     _setup_hook()
-    while True:
-        job = inbox.next()
-        if job is None:
-            return 0
-        send(event="start", id=job["id"])
-        try:
-            reply, error = tune(job), None
-        except Exception as e:  # noqa: BLE001 - reported to the parent, whose calls keep running PyTorch
-            from .measure import error_line
+    compiles = _Compiles()
+    try:
+        while True:
+            job = inbox.next()
+            if job is None:
+                return 0
+            send(event="start", id=job["id"])
+            try:
+                for queued in [job, *inbox.queued()]:  # compiles of everything queued start before this timing
+                    compiles.plan(queued)
+                reply, error = tune(job, compiles.wait(job)), None
+            except Exception as e:  # noqa: BLE001 - reported to the parent, whose calls keep running PyTorch
+                from .measure import error_line
 
-            reply, error = {"ms": {}, "failed": {}}, error_line(e)
-        send(event="done", id=job["id"], error=error, idle=inbox.idle(), peak_mb=_peak_mb(), **reply)
+                reply, error = {"ms": {}, "failed": {}}, error_line(e)
+            send(event="done", id=job["id"], error=error, idle=inbox.idle(), peak_mb=_peak_mb(), **reply)
+    finally:
+        compiles.close()
 
 
 if __name__ == "__main__":

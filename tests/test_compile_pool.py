@@ -1,0 +1,102 @@
+"""The tuning process's compile workers (dispatch/compile_pool.py) on CPU: recording a row's Triton launch compiles
+and launches nothing, the workers compile it for a GPU target without a GPU, and a later compile of the same launch
+finds their binary in Triton's cache instead of compiling again. tests/gpu/test_compile_pool_gpu.py does the same
+with the package's own rows on the GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+from taesd_fast import _backend
+from taesd_fast.dispatch import compile_pool
+from taesd_fast.kernels.row import Row
+
+
+@triton.jit
+def _scale(x, y, n, factor, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + i, tl.load(x + i, mask=i < n) * factor, mask=i < n)
+
+
+def _launch(x, y, block):
+    _scale[(triton.cdiv(x.numel(), block),)](x, y, x.numel(), 3.0, BLOCK=block)
+    return y
+
+
+@pytest.fixture
+def hopper_target(monkeypatch, tmp_path):
+    """Triton told it runs on an sm_90 GPU (no GPU here), with an empty cache folder."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    before = driver._active
+    driver.set_active(compile_pool._TargetOnly(GPUTarget("cuda", 90, 32)))
+    yield tmp_path / "triton"
+    driver._active = before
+
+
+def _entries(cache) -> set:
+    return {p.relative_to(cache) for p in cache.rglob("*") if p.is_file()} if cache.exists() else set()
+
+
+def test_workers_compile_what_the_recording_saw_and_the_next_compile_only_loads_it(hopper_target):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1000, generator=g, dtype=torch.float16)
+    y = torch.full_like(x, float("nan"))
+    rows = [Row(f"block{b}", "conv2d", lambda x, y, b=b: _launch(x, y, b)) for b in (128, 256)]
+
+    tasks = compile_pool.record(rows, lambda: (x, y))
+
+    assert [t[0] for t in tasks] == ["triton", "triton"]
+    assert {t[2] for t in tasks} == {"_scale"} and tasks[0][3] != tasks[1][3]  # two specializations (BLOCK)
+    assert torch.isnan(y).all()  # recording launched nothing
+    assert _entries(hopper_target) == set()  # and compiled nothing
+
+    pool = compile_pool.CompilePool(2)
+    try:
+        futures = pool.submit(tasks + tasks[:1], {"TRITON_CACHE_DIR": str(hopper_target)})
+        assert len(futures) == 3 and futures[0] is futures[2]  # a task already submitted is not compiled again
+        done, errors = compile_pool.wait(futures, timeout=300)
+    finally:
+        pool.shutdown()
+    assert (done, errors) == (2, [])  # two distinct compiles
+    compiled = _entries(hopper_target)
+    assert sum(p.suffix == ".cubin" for p in compiled) == 2
+
+    for block in (128, 256):  # what the timing run's launch compiles: found in the cache, nothing new written
+        kernel = _scale.warmup(x, y, x.numel(), 3.0, BLOCK=block, grid=(1,))
+        assert "sm_90" in kernel.asm["ptx"] or ".target sm_90" in kernel.asm["ptx"]
+    assert _entries(hopper_target) == compiled
+
+
+def test_a_task_that_cannot_compile_is_reported_not_raised(hopper_target):
+    pool = compile_pool.CompilePool(1)
+    try:
+        bad = ("triton", __name__, "no_such_kernel", "{}", ("cuda", 90, 32))
+        done, errors = compile_pool.wait(pool.submit([bad], {}), timeout=300)
+    finally:
+        pool.shutdown()
+    assert done == 1 and len(errors) == 1 and "no_such_kernel" in errors[0] and "AttributeError" in errors[0]
+
+
+def test_recording_an_nvrtc_build_skips_it_but_the_probe_still_builds(monkeypatch):
+    """The NVRTC hook records a build missing from the disk cache and stops the row there; the availability probe
+    (whose answer is cached for the process) is never stopped."""
+    built = []
+    monkeypatch.setattr(_backend, "_read_source", lambda name: f"// {name}")
+    monkeypatch.setattr(_backend, "_nvrtc_version", lambda: "test")
+    monkeypatch.setattr(_backend, "_target", lambda cc: (f"sm_{cc}", True))
+    monkeypatch.setattr(_backend, "_compile", lambda src, name, arch, cubin, opts: built.append(name) or b"image")
+    monkeypatch.setenv("TAESD_FAST_CACHE_DIR", os.devnull + "/none")  # unreadable: every build is a miss
+    after = []
+    rows = [Row("probe", "conv2d", lambda: _backend._binary("probe.cu", {}, 90)),
+            Row("conv", "conv2d", lambda: (_backend._binary("conv_row_sm90.cu", {"C": 64}, 90), after.append(1)))]
+    tasks = compile_pool.record(rows, tuple)
+    assert tasks == [("nvrtc", "conv_row_sm90.cu", {"C": 64}, 90)]
+    assert set(built) == {"probe.cu"} and after == []
+    assert _backend.compile_miss_hook is None  # restored
