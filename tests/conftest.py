@@ -279,3 +279,21 @@ def process_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch, tmp_path):
+    """The conv2d table reduced to PyTorch plus the fake row, here and in the tuning process; subprocess tuning."""
+    import tuning_fakes
+    from taesd_fast import dispatch
+    from taesd_fast.dispatch import table, tuner
+
+    tuning_fakes.CALLS.clear()
+    monkeypatch.setattr(table, "ROWS", tuning_fakes.rows() + [r for r in table.ROWS if r.kind != "conv2d"])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TAESD_FAST_TUNER_SETUP", "tuning_fakes:install")
+    monkeypatch.setenv("FAKE_TUNING_LOG", str(tmp_path / "timings.log"))
+    monkeypatch.setattr(tuner, "_warned", False)
+    dispatch.set_tuning("subprocess")
+    yield tmp_path / "timings.log"
+    dispatch.wait_for_tuning(timeout=30)

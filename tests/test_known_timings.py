@@ -12,7 +12,7 @@ import tuning_fakes
 from taesd_fast import dispatch
 from taesd_fast.dispatch import decide, known, store, table
 from taesd_fast.dispatch.spec import Spec
-from test_tuning_cpu import _conv, _data, _torch_row, fake_kernel  # noqa: F401 - the fixture is used by name
+from test_tuning_cpu import _conv, _data, _torch_row
 
 pytestmark = pytest.mark.usefixtures("isolated_dispatch")
 GPU = "Test GPU"
@@ -91,7 +91,7 @@ def test_the_shipped_file_names_real_rows_and_parses():
     assert known._source() == str(known.SHIPPED)
 
 
-def test_the_tuning_process_leaves_out_what_lost_clearly_and_the_decision_says_why(fake_kernel, figures):  # noqa: F811
+def test_the_tuning_process_leaves_out_what_lost_clearly_and_the_decision_says_why(fake_kernel, figures):
     x, w, b = _data(11)
     spec = Spec("conv2d", "cpu", tuple(x.shape), tuple(w.shape), x.dtype, 1, True, False, True, "nchw")
     figures({known.call_key(spec, False): {"torch": 1.0, "fake": 3.0}}, gpu="cpu")

@@ -29,20 +29,6 @@ pytestmark = pytest.mark.usefixtures("isolated_dispatch")
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def fake_kernel(monkeypatch, tmp_path):
-    """The conv2d table reduced to PyTorch plus the fake row, here and in the tuning process; subprocess tuning."""
-    tuning_fakes.CALLS.clear()
-    monkeypatch.setattr(table, "ROWS", tuning_fakes.rows() + [r for r in table.ROWS if r.kind != "conv2d"])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TAESD_FAST_TUNER_SETUP", "tuning_fakes:install")
-    monkeypatch.setenv("FAKE_TUNING_LOG", str(tmp_path / "timings.log"))
-    monkeypatch.setattr(tuner, "_warned", False)
-    dispatch.set_tuning("subprocess")
-    yield tmp_path / "timings.log"
-    dispatch.wait_for_tuning(timeout=30)
-
-
 def _conv(x, w, b):
     return dispatch.conv2d(x, w, b, relu=True)
 
