@@ -124,3 +124,22 @@ def name_layers(root: nn.Module, prefix: str = "") -> None:
     for name, module in root.named_modules(prefix=prefix):
         if isinstance(module, DispatchConv2d):
             module.layer_name = name
+
+
+class TinyAutoencoder(nn.Module):
+    """What TAESD and TAEHV share: their architecture record and variant name, the encoder and decoder Sequentials
+    (either may be None; built before the layers are named for the dispatch table), the CUDA-graph switch and the
+    input signatures whose value range was checked (value_range)."""
+
+    def __init__(self, arch, variant: str | None, encoder: nn.Module | None, decoder: nn.Module | None):
+        super().__init__()
+        self.arch, self.variant = arch, variant
+        self.encoder = encoder
+        self.decoder = decoder
+        name_layers(self)
+        self.cuda_graphs = True
+        self._range_checked: set = set()
+
+    @property
+    def latent_channels(self) -> int:
+        return self.arch.latent_channels

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ... import dispatch, graphs
 from ...validation import as_float_dtype, check_device, warn_if_slow_on_cpu
 from ...value_range import warn_if_unusual_range
-from ..layers import conv_weights_channels_last, name_layers, preferred_layout
+from ..layers import TinyAutoencoder, conv_weights_channels_last, preferred_layout
 from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
                      run_sequence, sizes_at)
@@ -27,7 +27,7 @@ from .stream import StreamState, check_video, graphed_step, replayable
 CHUNK_BYTES = 3 << 29  # 1.5 GiB of activations per chunk of decode_video / encode_video (TAEHV.chunk_bytes)
 
 
-class TAEHV(nn.Module):
+class TAEHV(TinyAutoencoder):
     """Tiny video autoencoder. `encoder` / `decoder` are nn.Sequentials keyed as upstream (`encoder.0.weight`,
     `decoder.3.conv.0.weight`, ...), so a published .pth / .safetensors file loads into `load_state_dict` as is.
 
@@ -40,24 +40,12 @@ class TAEHV(nn.Module):
     """
 
     def __init__(self, variant: str | TAEHVArch = "taew2_1", encoder: bool = True, decoder: bool = True):
-        super().__init__()
-        if isinstance(variant, TAEHVArch):
-            self.arch, self.variant = variant, None
-        else:
-            self.arch, self.variant = VARIANTS[known_variant(variant)], variant
-        self.encoder = build_encoder(self.arch) if encoder else None
-        self.decoder = build_decoder(self.arch) if decoder else None
-        name_layers(self)
+        arch, name = (variant, None) if isinstance(variant, TAEHVArch) else (VARIANTS[known_variant(variant)], variant)
+        super().__init__(arch, name, build_encoder(arch) if encoder else None, build_decoder(arch) if decoder else None)
         self.preview = Preview()
-        self.cuda_graphs = True
         self.chunk_bytes = CHUNK_BYTES
-        self._range_checked: set = set()  # CUDA input signatures whose value range was checked (value_range)
 
     # ------------------------------------------------------------------------------------------ properties
-
-    @property
-    def latent_channels(self) -> int:
-        return self.arch.latent_channels
 
     @property
     def patch_size(self) -> int:

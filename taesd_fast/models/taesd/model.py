@@ -5,18 +5,17 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn as nn
 
 from ... import dispatch
 from ...graphs import GraphCache, parameters_of
 from ...validation import as_float_dtype, check_device, check_multiple, check_tensor, warn_if_slow_on_cpu
 from ...value_range import warn_if_unusual_range
-from ..layers import conv_weights_channels_last, name_layers, preferred_layout
+from ..layers import TinyAutoencoder, conv_weights_channels_last, preferred_layout
 from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 
 
-class TAESD(nn.Module):
+class TAESD(TinyAutoencoder):
     """Tiny AutoEncoder. Images are [B, 3, H, W] in [0, 1]; latents are unscaled (scale factor 1).
 
     `encoder` and `decoder` are bare nn.Sequentials whose state_dict keys are upstream's, so upstream
@@ -31,20 +30,11 @@ class TAESD(nn.Module):
     latent_shift = 0.5
 
     def __init__(self, variant: str = "taesd", encoder: bool = True, decoder: bool = True):
-        super().__init__()
         hub.known_variant(variant)
-        self.variant = variant
-        self.arch: Architecture = VARIANTS[variant]
-        self.encoder = build_encoder(self.arch) if encoder else None
-        self.decoder = build_decoder(self.arch) if decoder else None
-        name_layers(self)
-        self.cuda_graphs = True
+        arch: Architecture = VARIANTS[variant]
+        super().__init__(arch, variant, build_encoder(arch) if encoder else None,
+                         build_decoder(arch) if decoder else None)
         self._graph_caches = {"encoder": GraphCache(), "decoder": GraphCache(), "raw_decoder": GraphCache()}
-        self._range_checked: set = set()  # CUDA input signatures whose value range was checked (value_range)
-
-    @property
-    def latent_channels(self) -> int:
-        return self.arch.latent_channels
 
     @property
     def downscale(self) -> int:
