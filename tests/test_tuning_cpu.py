@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import tuning_fakes
 from conftest import process_gone
 from taesd_fast import dispatch, graphs
-from taesd_fast.dispatch import decide, measure, spec as spec_mod, store, table, tuner
+from taesd_fast.dispatch import decide, measure, spec as spec_mod, store, tuner
 
 pytestmark = pytest.mark.usefixtures("isolated_dispatch")
 TESTS_DIR = Path(__file__).resolve().parent

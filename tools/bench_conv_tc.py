@@ -1,5 +1,5 @@
-"""Every conv2d kernel row (taesd_fast/kernels/rows.py) against cuDNN on TAESD's 3x3 conv shapes, as CUDA-graph
-replays.
+"""Every conv2d kernel row (taesd_fast/kernels/rows.py) against cuDNN on TAESD's and TAEHV's 3x3 conv shapes, as
+CUDA-graph replays.
 
     python3 tools/bench_conv_tc.py --out /path/to/bench_conv_tc.txt [--shapes FILTER] [--budget-s 150] [--quick]
 
@@ -66,6 +66,15 @@ SHAPES = [
     ("B1 64->64 s1 1024^2 b+r+relu", 1, 64, 64, 1024, 1024, 1, 1, True, True, True, False),
     ("B1 up2+64->64 64->128^2", 1, 64, 64, 64, 64, 1, 2, False, False, False, False),
     ("B1 64->3 s1 256^2 b", 1, 64, 3, 256, 256, 1, 1, True, False, False, False),
+    # TAEHV taew2_2 decode at 704x1280 (frames of one chunk as batch): the memory blocks' convs per stage, the
+    # last conv, and a TAESD-like 64->64 of the same pixel count as the 176x320 one (width vs size)
+    ("TAEHV 128->64 176x320 B62 b+relu (memblock 1st)", 62, 128, 64, 176, 320, 1, 1, True, False, True, False),
+    ("TAEHV 64->64 176x320 B62 b+r+relu", 62, 64, 64, 176, 320, 1, 1, True, True, True, False),
+    ("TAEHV 256->128 88x160 B31 b+relu (memblock 1st)", 31, 256, 128, 88, 160, 1, 1, True, False, True, False),
+    ("TAEHV 128->128 88x160 B31 b+r+relu", 31, 128, 128, 88, 160, 1, 1, True, True, True, False),
+    ("TAEHV 256->256 44x80 B31 b+r+relu", 31, 256, 256, 44, 80, 1, 1, True, True, True, False),
+    ("TAEHV 64->12 352x640 B124 b (last conv)", 124, 64, 12, 352, 640, 1, 1, True, False, False, False),
+    ("64->64 s1 256^2 B54 b+r+relu (px of B62 176x320)", 54, 64, 64, 256, 256, 1, 1, True, True, True, False),
 ]
 
 # The configs the Triton rows take (row default first, then these where they differ and the kernel accepts them).
