@@ -100,3 +100,23 @@ def test_recording_an_nvrtc_build_skips_it_but_the_probe_still_builds(monkeypatc
     assert tasks == [("nvrtc", "conv_row_sm90.cu", {"C": 64}, 90)]
     assert set(built) == {"probe.cu"} and after == []
     assert _backend.compile_miss_hook is None  # restored
+
+
+def test_compile_planning_that_fails_gives_the_workers_up_without_raising(monkeypatch, capsys):
+    """Planning a job's compiles can fail (no way to start processes, a recording error): the tuning process logs
+    it once and stops using the workers, and nothing is raised into the job's tuning (whose timing run then
+    compiles, as with TAESD_FAST_TUNING_COMPILERS=0)."""
+    from taesd_fast.dispatch import tune_worker
+
+    compiles = tune_worker._Compiles()
+    compiles.workers = 2
+
+    def broken(job):
+        raise OSError("cannot start processes here")
+
+    monkeypatch.setattr(compiles, "_plan", broken)
+    compiles.plan({"id": 1})
+    assert compiles.workers == 0 and compiles.pool is None and compiles.futures == {}
+    assert "compile workers given up: OSError: cannot start processes here" in capsys.readouterr().out
+    compiles.plan({"id": 2})  # nothing more is tried
+    assert compiles.wait({"id": 2}) == "" and compiles.futures == {}

@@ -143,10 +143,23 @@ class _Compiles:
         self.futures: dict[int, list] = {}
 
     def plan(self, job: dict) -> None:
-        """Record what the job's shortlisted kernel rows compile and submit it (once per job; CUDA jobs only)."""
+        """Record what the job's shortlisted kernel rows compile and submit it (once per job; CUDA jobs only). If
+        that fails (the workers cannot start here, say), the workers are given up for this process, with a line in
+        the log: the timing runs compile as they would without them, and no job fails for it."""
         if self.workers == 0 or job["id"] in self.futures:
             return
         self.futures[job["id"]] = []
+        try:
+            self._plan(job)
+        except Exception as e:  # noqa: BLE001 - the workers only save time
+            from .measure import error_line
+
+            print(f"{time.strftime('%H:%M:%S')} compile workers given up: {error_line(e)}", flush=True)
+            self.close()
+            self.workers, self.pool = 0, None
+            self.futures = {}
+
+    def _plan(self, job: dict) -> None:
         import torch
 
         from . import decide, known, measure, store
