@@ -47,11 +47,29 @@ def _user(mode: str, caches: Path | None = None, timeout: float = 400) -> dict:
     return out
 
 
+def _left_behind(caches: str, within: float = 10.0) -> list[int]:
+    """Pids still alive `within` seconds on whose environment names the run's own cache folder: the tuning process
+    and its compile workers (which inherit it), or anything else the run started."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if caches.encode() in (d / "environ").read_bytes():
+                        alive.append(int(d.name))
+                except OSError:  # gone, or not ours to read
+                    pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
 def test_user_cuda_work_while_tuning_is_pending_neither_fails_nor_changes():
     """5 fresh processes at once: each decodes new shapes while tuning is pending and between calls synchronizes,
     draws from the CUDA RNG, captures a CUDA graph of its own in global mode and calls a torch.compile'd function;
     then exits with tuning pending. Exit status 0, nothing printed, the draws equal those of a process that never
-    imported taesd_fast, and no tuning process outlives its user by 10 s."""
+    imported taesd_fast, and no tuning process or compile worker outlives its user by 10 s."""
     reference = _user("reference")["draws"]
     with ThreadPoolExecutor(PROCESSES) as pool:
         runs = list(pool.map(lambda _: _user("busy"), range(PROCESSES)))
@@ -60,6 +78,7 @@ def test_user_cuda_work_while_tuning_is_pending_neither_fails_nor_changes():
         assert run["draws"] == reference
         assert run["pending"][0] > 0, run["pending"]  # the first calls ran while tuning was pending
         assert run["processes"] and all(process_gone(pid, 10) for pid in run["processes"])
+        assert _left_behind(run["caches"]) == []
     print("\npending per step:", [r["pending"] for r in runs], "wall s:", [round(r["wall_s"], 1) for r in runs])
 
 
@@ -69,6 +88,7 @@ def test_exit_right_after_the_first_call():
     for run in runs:
         assert len(run["processes"]) == 1
         assert process_gone(run["processes"][0], 10)
+        assert _left_behind(run["caches"]) == []  # the compile workers too
     print("\nwall s:", [round(r["wall_s"], 1) for r in runs])
 
 
