@@ -24,13 +24,32 @@ from concurrent.futures import wait as wait_futures
 from typing import Callable
 
 WAIT_S = 120.0  # the longest a job waits for its compiles before its timing run compiles what is left itself
+WORKER_BYTES = 1 << 30  # host memory set aside per worker (torch, Triton and a compile: about half of this)
 
 
 def default_workers() -> int:
+    """TAESD_FAST_TUNING_COMPILERS if set; else one per CPU core but one, at most 8, and no more than the available
+    host memory holds at WORKER_BYTES each (at least one)."""
     value = os.environ.get("TAESD_FAST_TUNING_COMPILERS", "").strip()
     if value:
         return max(0, int(value))
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+    workers = min(8, (os.cpu_count() or 2) - 1)
+    available = _available_memory()
+    if available is not None:
+        workers = min(workers, available // WORKER_BYTES)
+    return max(1, workers)
+
+
+def _available_memory() -> int | None:
+    """Host memory available to new processes (Linux: MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class _Recorded(Exception):
