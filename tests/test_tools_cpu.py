@@ -14,6 +14,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import os
 import subprocess
 import sys
 import types
@@ -250,3 +251,15 @@ def test_sanitizer_arguments_match_the_spec_the_rule_was_asked():
                 x, cache, _gamma, w, b, _eps, patch = args
                 key = call_key(kind, x, w, b, 1, cache, False, patch=patch)
             assert spec_of(key) == spec, f"{name} {sanitize.describe(spec)}"
+
+
+def test_compile_check_compiles_the_triton_rows_for_hopper_without_a_gpu():
+    """tools/compile_check.py on this CPU-only machine: the Triton conv rows go through Triton's whole pipeline for
+    sm_90 (ptxas included) and report their shared memory; a row that does not compile would exit 1."""
+    proc = subprocess.run([sys.executable, str(TOOLS / "compile_check.py"), "--rows", "triton_conv,triton_conv_tma"],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(TOOLS.parent)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert [ln.split() for ln in lines[:2]] == [["triton_conv", "ok"], ["triton_conv_tma", "ok"]], proc.stdout
+    assert any("_conv3x3_tc_tma_kernel" in ln and "shared" in ln for ln in lines), proc.stdout
