@@ -35,7 +35,7 @@ def hopper_target(monkeypatch, tmp_path):
     """Triton told it runs on an sm_90 GPU (no GPU here), with an empty cache folder."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     before = driver._active
-    driver.set_active(compile_pool._TargetOnly(GPUTarget("cuda", 90, 32)))
+    driver.set_active(compile_pool.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
     yield tmp_path / "triton"
     driver._active = before
 

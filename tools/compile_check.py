@@ -47,7 +47,7 @@ def compile_only(arch: int) -> None:
 
     from taesd_fast.dispatch import compile_pool
 
-    driver.set_active(compile_pool._TargetOnly(GPUTarget("cuda", arch, 32)))
+    driver.set_active(compile_pool.TargetOnlyDriver(GPUTarget("cuda", arch, 32)))
     run = JITFunction.run
 
     def warmup_only(self, *args, grid, warmup, **kwargs):

@@ -1,8 +1,8 @@
 """Kernel compiles for the tuning process, spread over worker processes that never touch the GPU.
 
 Compiling, not timing, is most of a first use's tuning, and Triton's compiler front end holds the GIL, so compiles
-on threads barely overlap. So the tuning process first runs each queued job's candidate rows once with two hooks
-set: Triton's `jit_cache_hook` records what each launch would compile (the kernel and its specialization: argument
+on threads barely overlap. So the tuning process first runs each queued job's candidate rows (twice each: see
+`record`) with two hooks set: Triton's `jit_cache_hook` records what each launch would compile (the kernel and its specialization: argument
 types and alignments, constexprs, options) and skips compiling and launching it, and `_backend.compile_miss_hook`
 records an NVRTC build that is not on disk yet. Worker processes (spawned, CUDA hidden from them; Triton is told
 the GPU's target) compile those into the on-disk caches (TRITON_CACHE_DIR, TAESD_FAST_CACHE_DIR), many at once.
@@ -155,8 +155,10 @@ def wait(futures: list[Future], timeout: float = WAIT_S) -> tuple[int, list[str]
 # ----------------------------------------------------------------------------- in the worker processes
 
 
-class _TargetOnly:
-    """What Triton's JIT asks of its driver while compiling only: the device index and the GPU's target."""
+class TargetOnlyDriver:
+    """What Triton's JIT asks of its driver while compiling only: the device index and the GPU's target. Set with
+    triton.runtime.driver.set_active in a process that compiles for a GPU it does not use (the workers here,
+    tools/compile_check.py)."""
 
     def __init__(self, target):
         self.target = target
@@ -213,7 +215,7 @@ def _compile(task: tuple, env: dict[str, str | None]) -> str | None:
         from triton.backends.compiler import GPUTarget
         from triton.runtime import driver
 
-        driver.set_active(_TargetOnly(GPUTarget(*target)))
+        driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
         fn = importlib.import_module(module)
         for part in qualname.split("."):
             fn = getattr(fn, part)
