@@ -125,13 +125,13 @@ def test_compile_planning_that_fails_gives_the_workers_up_without_raising(monkey
 def test_default_worker_count_follows_cores_memory_and_the_switch(monkeypatch):
     monkeypatch.delenv("TAESD_FAST_TUNING_COMPILERS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(compile_pool, "_available_memory", lambda: 100 << 30)
+    monkeypatch.setattr(compile_pool, "available_ram", lambda: 100 << 30)
     assert compile_pool.default_workers() == 8
-    monkeypatch.setattr(compile_pool, "_available_memory", lambda: 3 * compile_pool.WORKER_BYTES + 5)
+    monkeypatch.setattr(compile_pool, "available_ram", lambda: 3 * compile_pool.WORKER_BYTES + 5)
     assert compile_pool.default_workers() == 3  # what the host memory holds
-    monkeypatch.setattr(compile_pool, "_available_memory", lambda: 0)
+    monkeypatch.setattr(compile_pool, "available_ram", lambda: 0)
     assert compile_pool.default_workers() == 1
-    monkeypatch.setattr(compile_pool, "_available_memory", lambda: None)
+    monkeypatch.setattr(compile_pool, "available_ram", lambda: 100 << 30)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     assert compile_pool.default_workers() == 3
     monkeypatch.setenv("TAESD_FAST_TUNING_COMPILERS", "0")

@@ -185,7 +185,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dispatch", ("taesd_fast.dispatch",)),
     ("kernels", ("taesd_fast.kernels",)),
     ("backend", ("taesd_fast._backend",)),
-    ("leaves", ("taesd_fast.kernel_env", "taesd_fast.resources", "taesd_fast.timing", "taesd_fast.validation",
+    ("leaves", ("taesd_fast.host_memory", "taesd_fast.kernel_env", "taesd_fast.resources", "taesd_fast.timing", "taesd_fast.validation",
                 "taesd_fast.value_range")),
 )
 # Inside models: the shared modules (models/*.py) import no model, and a model imports another only where listed

@@ -23,6 +23,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Callable
 
+from ..host_memory import available_ram
+
 WAIT_S = 120.0  # the longest a job waits for its compiles before its timing run compiles what is left itself
 WORKER_BYTES = 1 << 30  # host memory set aside per worker (torch, Triton and a compile: about half of this)
 
@@ -33,23 +35,7 @@ def default_workers() -> int:
     value = os.environ.get("TAESD_FAST_TUNING_COMPILERS", "").strip()
     if value:
         return max(0, int(value))
-    workers = min(8, (os.cpu_count() or 2) - 1)
-    available = _available_memory()
-    if available is not None:
-        workers = min(workers, available // WORKER_BYTES)
-    return max(1, workers)
-
-
-def _available_memory() -> int | None:
-    """Host memory available to new processes (Linux: MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return max(1, min(8, (os.cpu_count() or 2) - 1, available_ram() // WORKER_BYTES))
 
 
 class _Recorded(Exception):
@@ -186,15 +172,9 @@ def _init_worker(parent: int) -> None:
 
 def _warm() -> None:
     """Import what compiling needs (Triton and the kernel modules), ahead of the first task."""
-    try:
-        from ..kernels.rows import KERNEL_ROWS
+    from ..kernels.rows import import_all
 
-        import triton.compiler  # noqa: F401 - the import is the point
-
-        for module in dict.fromkeys(r.module for r in KERNEL_ROWS):
-            importlib.import_module(f"taesd_fast.kernels.{module}")
-    except Exception:  # noqa: BLE001 - a task imports what it needs itself
-        pass
+    import_all()
 
 
 def _compile(task: tuple, env: dict[str, str | None]) -> str | None:

@@ -22,7 +22,7 @@ import threading
 
 from .row import Row
 
-__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "import_in_background"]
+__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "import_all", "import_in_background"]
 
 
 def _module(name: str):
@@ -122,11 +122,13 @@ def import_in_background() -> None:
     them ready instead of spending about a second on them. Nothing there touches CUDA."""
     global _importing
     if _importing is None:
-        _importing = threading.Thread(target=_import_all, name="taesd_fast-imports", daemon=True)
+        _importing = threading.Thread(target=import_all, name="taesd_fast-imports", daemon=True)
         _importing.start()
 
 
-def _import_all() -> None:
+def import_all() -> None:
+    """Import every kernel module and compute Triton's cache key; a module that cannot import is skipped (its row
+    says why when asked). Used on import_in_background's thread and by the tuning process's compile workers."""
     for name in dict.fromkeys(r.module for r in KERNEL_ROWS):
         try:
             _module(name)

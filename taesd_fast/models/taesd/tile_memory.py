@@ -12,11 +12,10 @@ re-measures these in a subprocess.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from ...host_memory import available_ram
 from ..layers import Block
 
 LIVE = 4.5
@@ -49,18 +48,3 @@ def free_bytes(device: torch.device) -> int:
         free, _total = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return available_ram()
-
-
-def available_ram() -> int:
-    """MemAvailable from /proc/meminfo (free memory plus caches the kernel can drop), else the free pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):  # no sysconf (Windows): plan as if 4 GiB were free
-        return 4 << 30
