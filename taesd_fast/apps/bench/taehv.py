@@ -4,8 +4,8 @@
 
 Workloads (fp16, batch 1, random weights in the published taew2_2 / taew2_1 layouts; speed does not depend on the
 values): a whole Wan 2.2 5B clip (taew2_2, 31 latent frames of 48x44x80 -> 121 frames of 704x1280), upstream's
-README clip (taew2_1, 16 latent frames of 16x40x64 -> 61 frames of 320x512), and one streaming step (taew2_2, one
-latent frame -> 4 frames of 704x1280).
+README clip (taew2_1, 16 latent frames of 16x40x64 -> 61 frames of 320x512), and one streaming step of each (one
+latent frame -> 4 frames of 704x1280, or of 320x512).
 
 Peers: `PlainTAEHVDecoder`, a straightforward PyTorch module written here from the published structure (nn.Conv2d,
 cat[x, past], nearest upsample then TGrow then conv), loaded with the same state dict, run eager NCHW, eager
@@ -57,6 +57,7 @@ WORKLOADS = [
     Workload("taew2_2 clip: 31 latents 44x80 -> 121 frames 704x1280", "taew2_2", 31, 44, 80),
     Workload("taew2_1 clip: 16 latents 40x64 -> 61 frames 320x512", "taew2_1", 16, 40, 64),
     Workload("taew2_2 step: 1 latent 44x80 -> 4 frames 704x1280", "taew2_2", 1, 44, 80, step=True),
+    Workload("taew2_1 step: 1 latent 40x64 -> 4 frames 320x512", "taew2_1", 1, 40, 64, step=True),
 ]
 
 
