@@ -263,3 +263,31 @@ def test_compile_check_compiles_the_triton_rows_for_hopper_without_a_gpu():
     lines = proc.stdout.splitlines()
     assert [ln.split() for ln in lines[:2]] == [["triton_conv", "ok"], ["triton_conv_tma", "ok"]], proc.stdout
     assert any("_conv3x3_tc_tma_kernel" in ln and "shared" in ln for ln in lines), proc.stdout
+
+
+def test_row_errors_names_the_call_with_one_wrong_element(monkeypatch, capsys):
+    """tools/row_errors.py on the CPU: with one element of every 256-channel conv's output pushed off, exactly those
+    calls head its list, at that element; the PyTorch calls around them show no error (fp32 on the CPU)."""
+    tool = load_tool(TOOLS / "row_errors.py")
+    from taesd_fast.dispatch import calls
+
+    real = calls._choose
+
+    def choose(key, args, layer):
+        run = real(key, args, layer)
+
+        def wrong(*a):
+            out = run(*a).clone()
+            if key[0] == "conv2d" and out.shape[1] == 256:
+                out[0, 5, 1, 2] += 0.5
+            return out
+        return wrong
+
+    monkeypatch.setattr(calls, "_choose", choose)
+    assert tool.main(["--device", "cpu", "--latents", "2", "--height", "2", "--width", "3", "--top", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln.split(" | ") for ln in lines[2:] if ln.count(" | ") == 7]
+    off = [r for r in rows if float(r[1]) > 0]
+    assert off and all(r[6].split(", ")[1] == "256" and r[7] == "(0, 5, 1, 2)" for r in off), lines
+    assert len(off) == sum(r[6].split(", ")[1] == "256" for r in rows), lines
+    assert abs(float(off[0][1]) - 0.5) < 1e-3, off[0]

@@ -2,7 +2,7 @@
 """Upstream TAEHV (madebyollin/taehv's taehv.py, from the user's path) beside taesd_fast, in one process.
 
     python3 tools/bench_upstream_taehv.py PATH/TO/taehv.py [--workloads taew2_2-121,taew2_1-61,taew2_2-13]
-        [--no-compile] [--no-encode] [--device cuda] [--small]
+        [--no-compile] [--no-encode] [--device cuda] [--small] [--table]
 
 Upstream's file is imported from the given path (it is MIT-licensed and stays the user's: nothing of it is copied
 here). Both models get the same random weights: taesd_fast's model in the published layout is saved as
@@ -18,7 +18,8 @@ after the first call. Each row: ms (median after warm-up), peak GB (torch.cuda.m
 the max abs / relative error against upstream's eager decode (or encode) in fp32 (TF32 off) of the same inputs.
 Workloads (fp16 on CUDA, batch 1): taew2_2-121 (31 latents 44x80 -> 121 frames 704x1280), taew2_1-61 (16 latents
 40x64 -> 61 frames 320x512), taew2_2-13 (4 latents 44x80 -> 13 frames). --small: 3 latents of 2x3 each (a smoke
-test; fp32 on the CPU). The table goes to stdout and, with $OUT set, to $OUT/upstream_taehv.md.
+test; fp32 on the CPU). --table: after each workload, the dispatcher's per-layer table (the row each layer ran and
+the timings it was chosen by). The table goes to stdout and, with $OUT set, to $OUT/upstream_taehv.md.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def timed(fn, cuda: bool, runs: int = 5) -> tuple[float, float | None]:
 
 
 def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mode: str | None, encode: bool,
-             seed: int = 0) -> list[dict]:
+             seed: int = 0, show_table: bool = False) -> list[dict]:
     """The rows of one workload (each printed as it is measured)."""
     cuda = device.startswith("cuda")
     ours32 = random_decoder(work.variant, seed, encoder=True)
@@ -165,6 +166,8 @@ def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mo
                 torch.cuda.empty_cache()
             rows.append(row)
             print("  " + " | ".join(_cell(row.get(k)) for k in COLUMNS), flush=True)
+    if show_table:
+        print(dispatch.dispatch_table(ours), flush=True)
     return rows
 
 
@@ -190,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-encode", action="store_true", help="skip the encode_video rows")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="3 latents of 2x3 per workload: a smoke test")
+    ap.add_argument("--table", action="store_true", help="print the dispatcher's per-layer table after each workload")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.small:
             work = work._replace(name=f"{work.name} (small: 3 latents 2x3)", latents=3, height=2, width=3)
         rows += rows_for(module, work, args.device, dtype, None if args.no_compile else "max-autotune",
-                         not args.no_encode)
+                         not args.no_encode, show_table=args.table)
     report = (f"upstream {args.upstream} vs taesd_fast ({str(dtype).replace('torch.', '')}, {args.device}); "
               f"errors against upstream's fp32 eager output\n\n{table(rows)}")
     print(report, flush=True)

@@ -43,7 +43,12 @@ class TMAConfig:
 
 
 def default_config(c_out: int) -> TMAConfig:
-    return TMAConfig(128, 8 if plan(64, c_out, 1).block_n >= 128 else 4, 3, 16)
+    """128-pixel tiles of 8 x 16. With 128-wide channel blocks (C_out > 64) the pipeline is two stages deep: with
+    three (or four) stages, Triton 3.6's build of this kernel wrote wrong values into a few output elements in some
+    launches on the H200 (TAEHV's 128- and 256-channel convs; BENCHMARKS.md, "Correctness on the GPU")."""
+    if plan(64, c_out, 1).block_n >= 128:
+        return TMAConfig(128, 4, 2, 16)
+    return TMAConfig(128, 4, 3, 16)
 
 
 def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, tile_w: int, block_m: int,
