@@ -15,6 +15,7 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
+from error_bounds import assert_worst_element_within
 
 from taesd_fast._backend import kernels_unavailable_reason
 from taesd_fast.kernels import simt_conv
@@ -73,9 +74,10 @@ def _check(variant, B, cin, cout, H, W, stride, bias, residual, relu, seed, nonc
     ref = _reference(x, w, b, r, stride, relu)
     assert y.shape == ref.shape and y.dtype == torch.float16
     assert not y.isnan().any(), "unwritten (NaN-poisoned) output elements"
-    err = _rel(y, ref)
-    torch_err = _rel(_torch_f16(x, w, b, r, stride, relu), ref)
+    low = _torch_f16(x, w, b, r, stride, relu)
+    err, torch_err = _rel(y, ref), _rel(low, ref)
     assert err <= 2 * torch_err + 1e-7, f"{variant}: rel err {err:.3g} > 2 x PyTorch f16 error {torch_err:.3g}"
+    assert_worst_element_within(y, low, ref, f"{variant}: ")
     return err, torch_err
 
 
