@@ -12,10 +12,12 @@ latent channels; its strict load_state_dict checks the layout). Rows, each the u
   upstream channels_last    the same with channels_last weights
   upstream torch.compile    `torch.compile(upstream.decode_video, mode="max-autotune")`, channels_last weights
   taesd_fast decode_video   `model.decode_video(z)`
+  ..., PyTorch rows         the same with `dispatch.backend("torch")`: our model without our kernels
 and, with encoding on, upstream's `encode_video(video)` and taesd_fast's `encode_video(video)` on the clip's
 frames. taesd_fast's rows are measured once its tuning (default: the tuning process) has put its choices in effect
-and a call sends it nothing new (`settled`). Each row: ms (median after warm-up), peak GB (torch.cuda.max_memory_allocated over the timed calls), and
-the max abs / relative error against upstream's eager decode (or encode) in fp32 (TF32 off) of the same inputs.
+and a call sends it nothing new (`settled`). Each row: ms (median after warm-up); host ms (how long the call takes
+to return on an idle GPU, unsynchronized: near ms means CPU-bound); peak GB (torch.cuda.max_memory_allocated over
+the timed calls); the max abs / relative error against upstream's eager decode (or encode) in fp32 (TF32 off).
 Workloads (fp16 on CUDA, batch 1): taew2_2-121 (31 latents 44x80 -> 121 frames 704x1280), taew2_1-61 (16 latents
 40x64 -> 61 frames 320x512), taew2_2-13 (4 latents 44x80 -> 13 frames). --small: 3 latents of 2x3 each (a smoke
 test; fp32 on the CPU). --table: after each workload, the dispatcher's per-layer table (the row each layer ran and
@@ -56,7 +58,7 @@ class Workload(NamedTuple):
 WORKLOADS = {w.name: w for w in (Workload("taew2_2-121", "taew2_2", 31, 44, 80),
                                  Workload("taew2_1-61", "taew2_1", 16, 40, 64),
                                  Workload("taew2_2-13", "taew2_2", 4, 44, 80))}
-COLUMNS = ("workload", "method", "ms", "peak GB", "max abs err", "rel err", "note")
+COLUMNS = ("workload", "method", "ms", "host ms", "peak GB", "max abs err", "rel err", "note")
 
 
 def load_upstream(path: str) -> types.ModuleType:
@@ -90,8 +92,10 @@ def upstream_model(module: types.ModuleType, ours: TAEHV, folder: Path):
     return module.TAEHV(checkpoint_path=str(path)).eval().requires_grad_(False)
 
 
-def timed(fn, cuda: bool, runs: int = 5) -> tuple[float, float | None]:
-    """(median ms per call after two warm-up calls, peak GB over the timed calls; None on the CPU)."""
+def timed(fn, cuda: bool, runs: int = 5) -> tuple[float, float | None, float | None]:
+    """(median ms per call after two warm-up calls, peak GB over the timed calls, host ms; None for the last two on
+    the CPU). Host ms: how long the call takes to return on an idle GPU without a synchronize, the CPU's share. Where
+    it is close to ms the GPU waits for launches (the call is CPU-bound)."""
     fn(), fn()
     if not cuda:
         times = []
@@ -99,13 +103,29 @@ def timed(fn, cuda: bool, runs: int = 5) -> tuple[float, float | None]:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times), None
+        return statistics.median(times), None, None
     from taesd_fast.timing import time_ms
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     ms = time_ms(fn, reps=runs)
-    return ms, torch.cuda.max_memory_allocated() / 1e9
+    peak = torch.cuda.max_memory_allocated() / 1e9
+    host = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return ms, peak, statistics.median(host)
+
+
+def on_torch(fn):
+    """fn with every dispatched call on its PyTorch row: our model's structure without our kernels."""
+    def call():
+        with dispatch.backend("torch"):
+            return fn()
+    return call
 
 
 def settled(fn, rounds: int = 6):
@@ -157,11 +177,13 @@ def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mo
             "upstream channels_last": (lambda: up_cl.decode_video(z, parallel=True, show_progress_bar=False),
                                        ref_dec),
             "taesd_fast decode_video": (lambda: ours.decode_video(z), ref_dec),
+            "taesd_fast decode_video, PyTorch rows": (on_torch(lambda: ours.decode_video(z)), ref_dec),
         }
         if encode:
             methods["upstream eager encode_video"] = (
                 lambda: up16.encode_video(video, parallel=True, show_progress_bar=False), ref_enc)
             methods["taesd_fast encode_video"] = (lambda: ours.encode_video(video), ref_enc)
+            methods["taesd_fast encode_video, PyTorch rows"] = (on_torch(lambda: ours.encode_video(video)), ref_enc)
         if compile_mode:
             compiled = torch.compile(up_cl.decode_video, mode=compile_mode)
             methods[f"upstream torch.compile {compile_mode}"] = (
@@ -174,7 +196,7 @@ def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mo
                     out = settled(fn)
                 row["max abs err"], row["rel err"] = errors(out, ref)
                 del out
-                row["ms"], row["peak GB"] = timed(fn, cuda)
+                row["ms"], row["peak GB"], row["host ms"] = timed(fn, cuda)
             except Exception as err:  # a row that cannot run here (out of memory, no compiler) is reported
                 text = str(err).strip().splitlines()
                 row["note"] = f"failed: {type(err).__name__}" + (f": {text[0]}" if text else "")
