@@ -207,7 +207,8 @@ class CapturePolicy:
 
 class GraphCache:
     """Runs fn(x) as a CUDA-graph replay from the second call with the same signature on; the first call runs
-    eagerly, so a one-off shape costs no capture. TAESD.encode / decode use one each (`TAESD.cuda_graphs`).
+    eagerly, so a one-off shape costs no capture. TAESD.encode / decode and TAEHV.encode_video / decode_video use one
+    each (`cuda_graphs` on the model).
 
     A graph bakes in the addresses of the weights and its own memory, so the signature holds the input's shape,
     dtype, device and strides, the dispatch mode, and each parameter's address and version: moving the model,
@@ -238,16 +239,20 @@ class GraphCache:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["max_graphs"])
 
-    def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
+    def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list,
+                 extra: tuple = ()) -> torch.Tensor:
+        """fn(x), eagerly or as a replay. `extra`: hashable flags fn depends on besides x and the weights (e.g.
+        TAEHV.decode_video's uint8 and chunking); they go into the signature."""
         if not _replayable(x, params):
             return fn(x)
         if x.is_cuda and x.device.index != torch.cuda.current_device():  # capture and replay on the input's GPU
             with torch.cuda.device(x.device):
-                return self._call(fn, x, params)
-        return self._call(fn, x, params)
+                return self._call(fn, x, params, extra)
+        return self._call(fn, x, params, extra)
 
-    def _call(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list) -> torch.Tensor:
+    def _call(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list,
+              extra: tuple) -> torch.Tensor:
         return self._policy.run(
-            fn, x, params, (), capture=lambda: CUDAGraphed(fn, x), stacklevel=3,
+            fn, x, params, extra, capture=lambda: CUDAGraphed(fn, x), stacklevel=3,
             failure=lambda e: (f"taesd_fast: CUDA-graph capture failed for input {tuple(x.shape)} {x.dtype} "
                                f"({type(e).__name__}: {e}); these calls stay eager"))

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -117,6 +119,49 @@ def test_taesd_uses_its_graph_caches_and_forgets_them_on_moves(fake_graphs):
         model.cuda_graphs = False
         model.decode(z.double()), model.decode(z.double())
         assert len(model._graph_caches["decoder"]) == 0 and fake_graphs == [(1, 4, 8, 8)]
+
+
+def test_graph_cache_extra_flags_are_part_of_the_signature(fake_graphs):
+    cache, params = graphs.GraphCache(), [torch.nn.Parameter(torch.randn(3))]
+    x = torch.randn(2, 3)
+    cache(lambda t: t, x, params, extra=(False,)), cache(lambda t: t, x, params, extra=(True,))
+    assert fake_graphs == []  # each flag seen once: eager
+    cache(lambda t: t, x, params, extra=(True,))
+    assert fake_graphs == [(2, 3)]
+
+
+def test_taehv_video_calls_use_their_graph_caches_within_the_budget(fake_graphs):
+    """decode_video / encode_video go through the whole-call graph caches (the GPU tests check real captures):
+    from the second call of a signature on, except with a progress bar or frames over half of chunk_bytes; the
+    caches are forgotten on moves."""
+    from taesd_fast import TAEHV
+
+    model = TAEHV("taew2_1")
+    z = torch.randn(1, 2, 16, 4, 6)
+    video = torch.rand(1, 5, 3, 32, 48)
+    dec, enc = model._graph_caches["decoder"], model._graph_caches["encoder"]
+    with torch.no_grad():
+        eager = model.decode_video(z)
+        assert torch.equal(model.decode_video(z), eager) and len(dec) == 1
+        model.decode_video(z, uint8=True), model.decode_video(z, uint8=True)
+        assert len(dec) == 2 and fake_graphs == [(1, 2, 16, 4, 6)] * 2
+        model.encode_video(video), model.encode_video(video)
+        assert len(enc) == 1
+        model.decode_video(z, show_progress_bar=True)
+        model.decode_video(z, show_progress_bar=True)
+        model.chunk_bytes = 2 * eager.numel() * eager.element_size() - 1  # the frames take over half of it
+        model.decode_video(z), model.decode_video(z)
+        assert len(fake_graphs) == 3
+        model.to(torch.float64)
+        assert len(dec) == len(enc) == 0
+        z = z.double()
+        model.chunk_bytes = math.inf
+        model.decode_video(z), model.decode_video(z)
+        assert len(dec) == 1
+        model.cuda_graphs = False  # releases the graphs it holds
+        assert len(dec) == 0
+        model.decode_video(z), model.decode_video(z)
+        assert len(dec) == 0 and len(fake_graphs) == 4
 
 
 def test_diffusers_adapter_decode_uses_the_graph_cache(fake_graphs):

@@ -11,8 +11,9 @@ latent channels; its strict load_state_dict checks the layout). Rows, each the u
   upstream eager            `upstream.decode_video(z, parallel=True, show_progress_bar=False)`
   upstream channels_last    the same with channels_last weights
   upstream torch.compile    `torch.compile(upstream.decode_video, mode="max-autotune")`, channels_last weights
-  taesd_fast decode_video   `model.decode_video(z)`
-  ..., PyTorch rows         the same with `dispatch.backend("torch")`: our model without our kernels
+  taesd_fast decode_video   `model.decode_video(z)` (from its second call a CUDA-graph replay of the whole call)
+  ..., no graphs            the same with `model.cuda_graphs = False`: every call launches its kernels
+  ..., PyTorch rows         the same with `dispatch.backend("torch")`: our model without our kernels (replayed)
 and, with encoding on, upstream's `encode_video(video)` and taesd_fast's `encode_video(video)` on the clip's
 frames. taesd_fast's rows are measured once its tuning (default: the tuning process) has put its choices in effect
 and a call sends it nothing new (`settled`). Each row: ms (median after warm-up); host ms (how long the call takes
@@ -128,6 +129,17 @@ def on_torch(fn):
     return call
 
 
+def eager(model: TAEHV, fn):
+    """fn with the model's whole-call CUDA graphs off: every call launches its kernels."""
+    def call():
+        model.cuda_graphs = False
+        try:
+            return fn()
+        finally:
+            model.cuda_graphs = True
+    return call
+
+
 def settled(fn, rounds: int = 6):
     """fn's output once a call sends the tuning process nothing new. A call whose layers switch to kernels can
     reach shapes (and layouts) the first call did not, whose jobs would otherwise be tuned on the GPU while the
@@ -177,12 +189,14 @@ def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mo
             "upstream channels_last": (lambda: up_cl.decode_video(z, parallel=True, show_progress_bar=False),
                                        ref_dec),
             "taesd_fast decode_video": (lambda: ours.decode_video(z), ref_dec),
+            "taesd_fast decode_video, no graphs": (eager(ours, lambda: ours.decode_video(z)), ref_dec),
             "taesd_fast decode_video, PyTorch rows": (on_torch(lambda: ours.decode_video(z)), ref_dec),
         }
         if encode:
             methods["upstream eager encode_video"] = (
                 lambda: up16.encode_video(video, parallel=True, show_progress_bar=False), ref_enc)
             methods["taesd_fast encode_video"] = (lambda: ours.encode_video(video), ref_enc)
+            methods["taesd_fast encode_video, no graphs"] = (eager(ours, lambda: ours.encode_video(video)), ref_enc)
             methods["taesd_fast encode_video, PyTorch rows"] = (on_torch(lambda: ours.encode_video(video)), ref_enc)
         if compile_mode:
             compiled = torch.compile(up_cl.decode_video, mode=compile_mode)

@@ -153,6 +153,7 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
         raise SystemExit(f"error: --size {size[0]}x{size[1]} is not a multiple of {variant}'s {side} pixels per "
                          f"latent cell")
     z = torch.randn(1, latents, model.latent_channels, size[0] // side, size[1] // side, device=device, dtype=dtype)
+    model.cuda_graphs = False  # the hooks' events time eager calls (a replay runs no hooks); replays timed below
     units = group_units(model.decoder)
     rec = Recorder(units, cuda)
     decode = lambda: model.decode_video(z)  # noqa: E731  (the user's call)
@@ -175,6 +176,10 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
             decode()
             peak_gb = (torch.cuda.max_memory_allocated() - base) / 1e9
         hooked = statistics.median(sum(r.values()) for r in runs_ms)
+        model.cuda_graphs = True
+        decode(), decode()  # the second call captures the whole call
+        replayed = statistics.median(wall_ms(decode, cuda) for _ in range(runs))
+        model.cuda_graphs = False
         rec = Recorder(units, cuda)
         rec.counting = True
         with dispatch.backend("torch"):  # FLOPs counted on the aten convs of the PyTorch path
@@ -187,7 +192,8 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
     chunk = f"{outer} latent frames, then the last stage {inner} frames"
     lines = [f"TAEHV {variant} decode_video: {latents} latent frames -> {tuple(out.shape[1:])} "
              f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, chunks of {chunk}); "
-             f"{plain:.3f} ms per decode (median of {runs}), {hooked:.3f} ms with the hooks' events"
+             f"{plain:.3f} ms per eager decode (median of {runs}), {hooked:.3f} ms with the hooks' events, "
+             f"{replayed:.3f} ms as a whole-call CUDA-graph replay (cuda_graphs, the default)"
              + (f"; peak {peak_gb:.2f} GB beyond the model and latents" if cuda else ""),
              f"floors: {peak_tflops:g} TFLOP/s, {peak_gbs:g} GB/s", "",
              "| group | input HxW | calls | ms | share | TFLOP/s | GB/s | GFLOP | MB | FLOP floor ms | bytes floor ms |",

@@ -5,8 +5,11 @@
         [--budgets-gib 0.5,1,1.5,3,inf] [--uint8]
 
 For each latent count: the user's call `model.decode_video(z)` (fp16, default chunk_bytes) with its ms (median),
-peak GB (torch.cuda.max_memory_allocated during the call, the model and latents included), the output's GB and
-the chunk lengths (latent frames per chunk of the low-resolution layers / frames per chunk of the last stage).
+whether it is replayed as a whole-call CUDA graph (TAEHV.cuda_graphs: where the frames take at most half the
+budget) or eager, peak GB (torch.cuda.max_memory_allocated over the timed calls, the model and latents included;
+and over the second call, which captures the graph), the output's GB and the chunk lengths (latent frames per
+chunk of the low-resolution layers / frames per chunk of the last stage). Tuning is blocking (the timings are
+those of the tuned rows).
 Then, for the first latent count, the same at each chunk budget (TAEHV.chunk_bytes; inf is one chunk, the whole
 video at once), so the default's memory/speed trade-off can be read off. Random weights in the
 published layout. With $OUT set the table is also written to $OUT/taehv_memory.md.
@@ -24,30 +27,37 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from taesd_fast import dispatch
 from taesd_fast.apps.bench.taehv import random_decoder
 from taesd_fast.models.taehv.model import CHUNK_BYTES
 from taesd_fast.timing import time_ms
 
 
 def measure(model, z: torch.Tensor, uint8: bool) -> dict:
-    """ms, peak GB, output GB and chunk length of model.decode_video(z) at the model's chunk_bytes."""
+    """ms, peak GB (steady state, and of the second call, which captures the whole-call CUDA graph where the model
+    replays one), output GB, chunk lengths and whether the call is replayed, of model.decode_video(z) at the model's
+    chunk_bytes."""
     gc.collect()
     torch.cuda.empty_cache()
     param = next(model.decoder.parameters())
     outer, inner, _ = model._decode_chunks(z.shape[1], z.shape[-2], z.shape[-1], param)
     chunk = f"{outer} latents / {inner} frames"
     with torch.no_grad():
-        out = model.decode_video(z, uint8=uint8)  # warm-up
+        out = model.decode_video(z, uint8=uint8)  # first call: eager (the tuning process gets its shapes)
         out_gb = out.numel() * out.element_size() / 1e9
+        replayed = model.cuda_graphs and model._whole_call_graph(out.numel() * out.element_size(), False)
         del out
         gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        model.decode_video(z, uint8=uint8)
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() / 1e9
-        ms = time_ms(lambda: model.decode_video(z, uint8=uint8), reps=3)
-    return {"ms": ms, "peak GB": peak, "output GB": out_gb, "chunk": chunk}
+        peaks = []
+        for fn in (lambda: model.decode_video(z, uint8=uint8),  # the second call (the capture, where replayed)
+                   lambda: time_ms(lambda: model.decode_video(z, uint8=uint8), reps=3)):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            ms = fn()
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() / 1e9)
+    return {"ms": ms, "peak GB": peaks[1], "second call GB": peaks[0], "output GB": out_gb, "chunk": chunk,
+            "graph": "replay" if replayed else "eager"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,11 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit(f"error: this measures GPU memory, and torch {torch.__version__} sees no CUDA GPU")
     h, w = (int(v) for v in args.size.lower().split("x"))
+    dispatch.set_tuning("blocking")
     model = random_decoder(args.variant).cuda().half()
     side = model.space_upscale
     counts = [int(v) for v in args.latents.split(",")]
     lines = [f"TAEHV {args.variant} decode_video at {h}x{w}, fp16{' uint8 output' if args.uint8 else ''}", "",
-             "| latents | frames | chunk budget GiB | chunk | ms | peak GB | output GB |", "|---|---|---|---|---|---|---|"]
+             "| latents | frames | chunk budget GiB | chunk | call | ms | peak GB | second call peak GB | output GB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     runs = [(t, CHUNK_BYTES) for t in counts]
     runs += [(counts[0], float(b) * 2**30) for b in args.budgets_gib.split(",")]
     for t, budget in runs:
@@ -74,9 +86,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             r = measure(model, z, args.uint8)
             row = (f"| {t} | {model.t_upscale * t - model.frames_to_trim} | {budget / 2**30:g} | {r['chunk']} | "
-                   f"{r['ms']:.2f} | {r['peak GB']:.2f} | {r['output GB']:.2f} |")
+                   f"{r['graph']} | {r['ms']:.2f} | {r['peak GB']:.2f} | {r['second call GB']:.2f} | "
+                   f"{r['output GB']:.2f} |")
         except torch.cuda.OutOfMemoryError:
-            row = f"| {t} | | {budget / 2**30:g} | | out of memory | | |"
+            row = f"| {t} | | {budget / 2**30:g} | | | out of memory | | | |"
         del z
         lines.append(row)
         print(row, flush=True)

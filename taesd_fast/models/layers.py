@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from .. import dispatch
+from ..validation import warn_if_slow_on_cpu
 
 
 class DispatchConv2d(nn.Conv2d):
@@ -128,17 +129,41 @@ def name_layers(root: nn.Module, prefix: str = "") -> None:
 
 class TinyAutoencoder(nn.Module):
     """What TAESD and TAEHV share: their architecture record and variant name, the encoder and decoder Sequentials
-    (either may be None; built before the layers are named for the dispatch table), the CUDA-graph switch and the
-    input signatures whose value range was checked (value_range)."""
+    (either may be None; built before the layers are named for the dispatch table), the CUDA-graph switch with the
+    whole-call graph caches it governs (`graph_caches`: name -> graphs.GraphCache), the input signatures whose
+    value range was checked (value_range), and what a move (`.to()`, `.half()`, ...) must redo."""
 
-    def __init__(self, arch, variant: str | None, encoder: nn.Module | None, decoder: nn.Module | None):
+    def __init__(self, arch, variant: str | None, encoder: nn.Module | None, decoder: nn.Module | None,
+                 graph_caches: dict | None = None):
         super().__init__()
         self.arch, self.variant = arch, variant
         self.encoder = encoder
         self.decoder = decoder
         name_layers(self)
+        self._graph_caches = graph_caches or {}
         self.cuda_graphs = True
         self._range_checked: set = set()
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether calls on CUDA may replay CUDA graphs (default True). Setting False releases the graphs held."""
+        return self._cuda_graphs
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, on: bool) -> None:
+        self._cuda_graphs = bool(on)
+        if not on:
+            for cache in self._graph_caches.values():
+                cache.clear()
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for cache in self._graph_caches.values():  # graphs hold the old weights' addresses and memory
+            cache.clear()
+        conv_weights_channels_last(self)  # and the models take their inputs channels_last (preferred_layout)
+        dispatch.prepare(self)
+        warn_if_slow_on_cpu(self)
+        return self
 
     @property
     def latent_channels(self) -> int:

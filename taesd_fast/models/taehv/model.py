@@ -16,9 +16,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import dispatch, graphs
-from ...validation import as_float_dtype, check_device, warn_if_slow_on_cpu
+from ...graphs import GraphCache, parameters_of
+from ...validation import as_float_dtype, check_device
 from ...value_range import warn_if_unusual_range
-from ..layers import TinyAutoencoder, conv_weights_channels_last, preferred_layout
+from ..layers import TinyAutoencoder, preferred_layout
 from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
                      run_sequence, sizes_at)
@@ -33,7 +34,11 @@ class TAEHV(TinyAutoencoder):
 
     Preview knobs (`set_preview`): switch each decoder stage's time or space upscaling off for a cheaper decode.
     cuda_graphs (default True): on CUDA, `decode_step` / `encode_step` replay a CUDA graph from a stream's second
-    step with the same input shape on.
+    step with the same input shape on; `decode_video` / `encode_video` replay one of the whole call from the second
+    call with the same input shape and flags on, where the clip's frames (the decode's output, the encode's input)
+    take at most half of `chunk_bytes`. Eager calls wait for their ~200 kernel launches: a replay has none. A
+    replayed call's graph holds its own copy of those frames and one chunk's activations until the model moves or
+    another shape takes its place (the last 2 are kept); set cuda_graphs = False for calls without graphs.
     chunk_bytes (default CHUNK_BYTES): `decode_video` / `encode_video` run as many latent frames at a time as keep
     the estimated activations within this many bytes (at least one), so their memory is the output's plus one
     chunk's at any video length; the result does not depend on it.
@@ -41,7 +46,8 @@ class TAEHV(TinyAutoencoder):
 
     def __init__(self, variant: str | TAEHVArch = "taew2_1", encoder: bool = True, decoder: bool = True):
         arch, name = (variant, None) if isinstance(variant, TAEHVArch) else (VARIANTS[known_variant(variant)], variant)
-        super().__init__(arch, name, build_encoder(arch) if encoder else None, build_decoder(arch) if decoder else None)
+        super().__init__(arch, name, build_encoder(arch) if encoder else None, build_decoder(arch) if decoder else None,
+                         graph_caches={"encoder": GraphCache(max_graphs=2), "decoder": GraphCache(max_graphs=2)})
         self.preview = Preview()
         self.chunk_bytes = CHUNK_BYTES
 
@@ -136,13 +142,6 @@ class TAEHV(TinyAutoencoder):
                 getattr(model, part).load_state_dict(sub)
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        conv_weights_channels_last(self)
-        dispatch.prepare(self)
-        warn_if_slow_on_cpu(self)
-        return self
-
     # ------------------------------------------------------------------------------------------ whole video
 
     def encode_video(self, video: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
@@ -154,6 +153,15 @@ class TAEHV(TinyAutoencoder):
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
         warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
+        run = lambda frames: self._encode_video(frames, parallel, show_progress_bar, param)  # noqa: E731
+        if not self._whole_call_graph(video.numel() * video.element_size(), show_progress_bar):
+            return run(video)
+        with torch.no_grad():
+            return self._graph_caches["encoder"](run, video, parameters_of(self.encoder),
+                                                 extra=(parallel, self.chunk_bytes))
+
+    def _encode_video(self, video: torch.Tensor, parallel: bool, show_progress_bar: bool,
+                      param: torch.Tensor) -> torch.Tensor:
         n, t, _, h, w = video.shape
         td, steps = self.t_downscale, -(-video.shape[1] // self.t_downscale)
         side = self.arch.space_scale
@@ -185,8 +193,21 @@ class TAEHV(TinyAutoencoder):
         n, t, c, h, w = latents.shape
         trim = 0 if self._untrimmed(t) else self.frames_to_trim
         side = self.space_upscale
-        out = torch.empty(n, self.t_upscale * t - trim, 3, h * side, w * side,
-                          dtype=torch.uint8 if uint8 else param.dtype, device=param.device)
+        shape = (n, self.t_upscale * t - trim, 3, h * side, w * side)
+        dtype = torch.uint8 if uint8 else param.dtype
+        run = lambda z: self._decode_video(z, shape, dtype, trim, parallel, show_progress_bar)  # noqa: E731
+        if not self._whole_call_graph(math.prod(shape) * dtype.itemsize, show_progress_bar):
+            return run(latents)
+        with torch.no_grad():
+            return self._graph_caches["decoder"](run, latents, parameters_of(self.decoder),
+                                                 extra=(parallel, uint8, self.preview, self.chunk_bytes))
+
+    def _decode_video(self, latents: torch.Tensor, shape: tuple, dtype: torch.dtype, trim: int, parallel: bool,
+                      show_progress_bar: bool) -> torch.Tensor:
+        param = self._param("decoder")
+        n, t, c, h, w = latents.shape
+        uint8 = dtype == torch.uint8
+        out = torch.empty(shape, dtype=dtype, device=param.device)
         # The layers before the last stage's memory blocks run on long chunks of latent frames (their activations
         # are small, and short chunks would leave their convs too little work); their output is then cut into short
         # chunks of frames for the full-resolution layers. The memory blocks carry each frame's past across both.
@@ -209,6 +230,13 @@ class TAEHV(TinyAutoencoder):
                     del y  # not alive while the next chunk runs
                 del mid
         return out
+
+    def _whole_call_graph(self, frame_bytes: int, show_progress_bar: bool) -> bool:
+        """Whether decode_video / encode_video of x goes through its whole-call graph cache (which runs CPU and
+        autograd calls eagerly): with cuda_graphs on, without a progress bar (a replay has no steps to show), and
+        where the clip's frames take at most half of chunk_bytes (the graph keeps its own copy of them, so memory
+        stays bounded)."""
+        return self.cuda_graphs and not show_progress_bar and frame_bytes <= self.chunk_bytes / 2
 
     def _decode_chunks(self, total: int, h: int, w: int, param: torch.Tensor,
                        parallel: bool = True) -> tuple[int, int, int]:

@@ -8,9 +8,9 @@ import torch
 
 from ... import dispatch
 from ...graphs import GraphCache, parameters_of
-from ...validation import as_float_dtype, check_device, check_multiple, check_tensor, warn_if_slow_on_cpu
+from ...validation import as_float_dtype, check_device, check_multiple, check_tensor
 from ...value_range import warn_if_unusual_range
-from ..layers import TinyAutoencoder, conv_weights_channels_last, preferred_layout
+from ..layers import TinyAutoencoder, preferred_layout
 from . import hub
 from .architecture import VARIANTS, Architecture, build_decoder, build_encoder
 
@@ -33,8 +33,8 @@ class TAESD(TinyAutoencoder):
         hub.known_variant(variant)
         arch: Architecture = VARIANTS[variant]
         super().__init__(arch, variant, build_encoder(arch) if encoder else None,
-                         build_decoder(arch) if decoder else None)
-        self._graph_caches = {"encoder": GraphCache(), "decoder": GraphCache(), "raw_decoder": GraphCache()}
+                         build_decoder(arch) if decoder else None,
+                         graph_caches={"encoder": GraphCache(), "decoder": GraphCache(), "raw_decoder": GraphCache()})
 
     @property
     def downscale(self) -> int:
@@ -101,15 +101,6 @@ class TAESD(TinyAutoencoder):
                 raise ValueError(f"this TAESD was built without a {part}; cannot load {part} weights")
             hub.check_fits(self.arch, part, state, source)
             module.load_state_dict(state)
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        for cache in self._graph_caches.values():  # graphs hold the old weights' addresses and memory
-            cache.clear()
-        conv_weights_channels_last(self)  # and encode/decode take their inputs channels_last (preferred_layout)
-        dispatch.prepare(self)
-        warn_if_slow_on_cpu(self)
-        return self
 
     preferred_layout = staticmethod(preferred_layout)  # x in the layout the model runs fastest with on its device
 
