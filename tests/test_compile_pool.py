@@ -136,3 +136,34 @@ def test_default_worker_count_follows_cores_memory_and_the_switch(monkeypatch):
     assert compile_pool.default_workers() == 3
     monkeypatch.setenv("TAESD_FAST_TUNING_COMPILERS", "0")
     assert compile_pool.default_workers() == 0
+
+
+_STAND_IN = """
+import os, sys, time
+from taesd_fast.dispatch import compile_pool
+pool = compile_pool.CompilePool(1)
+pid = pool.executor.submit(os.getpid).result(timeout=300)
+pool.executor.submit(pow, 7, 4 * 10**7)  # one C call holding the worker's GIL for tens of seconds, as a compile can
+time.sleep(1.0)
+open(sys.argv[1], "w").write(str(pid))
+os._exit(0)  # the tuning process goes without shutting its pool down (killed, or its grace period over)
+"""
+
+
+@pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_busy_compile_worker_ends_with_the_tuning_process(tmp_path):
+    """A worker in the middle of a GIL-holding call (Triton's front end) must not outlive the tuning process: no
+    Python thread of it can run then, so the kernel has to end it. (Output goes to files: the worker inherits the
+    stand-in's stdout, and waiting for a pipe's end would wait for the worker.)"""
+    import subprocess
+    import sys
+
+    from conftest import process_gone
+
+    pid_file, log = tmp_path / "pid", tmp_path / "log"
+    with open(log, "w") as out:
+        code = subprocess.run([sys.executable, "-c", _STAND_IN, str(pid_file)], stdout=out, stderr=out, timeout=300,
+                              env=dict(os.environ, TAESD_FAST_TUNING_COMPILERS="1")).returncode
+    assert code == 0, log.read_text()[-2000:]
+    pid = int(pid_file.read_text())
+    assert process_gone(pid, 3.0), f"compile worker {pid} outlived the tuning process by 3 s"

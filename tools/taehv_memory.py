@@ -37,6 +37,8 @@ def measure(model, z: torch.Tensor, uint8: bool) -> dict:
     """ms, peak GB (steady state, and of the second call, which captures the whole-call CUDA graph where the model
     replays one), output GB, chunk lengths and whether the call is replayed, of model.decode_video(z) at the model's
     chunk_bytes."""
+    for cache in model._graph_caches.values():  # an earlier row's graph would hold its memory through this row
+        cache.clear()
     gc.collect()
     torch.cuda.empty_cache()
     param = next(model.decoder.parameters())

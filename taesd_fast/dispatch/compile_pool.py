@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
+import sys
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -160,7 +162,11 @@ class TargetOnlyDriver:
 
 
 def _init_worker(parent: int) -> None:
+    """A worker ends with the tuning process that started it. On Linux the kernel kills it then (PR_SET_PDEATHSIG),
+    even in the middle of a compile: Triton's front end holds the GIL, so a Python thread watching the parent could
+    not run until the compile ends (tens of seconds on a loaded machine). Elsewhere that thread is the way."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a worker compiles only: no CUDA context, no GPU memory
+    _die_with_parent()
 
     def watch() -> None:  # the tuning process went (killed, or exited without shutting the pool down)
         while os.getppid() == parent:
@@ -168,6 +174,19 @@ def _init_worker(parent: int) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent exits (the thread that spawned it: the tuning process's main
+    thread, which lives as long as the process). A parent gone before this is caught by the watch thread."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no libc prctl: the watch thread still ends the worker
+        pass
 
 
 def _warm() -> None:

@@ -140,21 +140,9 @@ class TinyAutoencoder(nn.Module):
         self.encoder = encoder
         self.decoder = decoder
         name_layers(self)
-        self._graph_caches = graph_caches or {}
         self.cuda_graphs = True
+        self._graph_caches = graph_caches or {}
         self._range_checked: set = set()
-
-    @property
-    def cuda_graphs(self) -> bool:
-        """Whether calls on CUDA may replay CUDA graphs (default True). Setting False releases the graphs held."""
-        return self._cuda_graphs
-
-    @cuda_graphs.setter
-    def cuda_graphs(self, on: bool) -> None:
-        self._cuda_graphs = bool(on)
-        if not on:
-            for cache in self._graph_caches.values():
-                cache.clear()
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)

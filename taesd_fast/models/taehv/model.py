@@ -37,8 +37,8 @@ class TAEHV(TinyAutoencoder):
     step with the same input shape on; `decode_video` / `encode_video` replay one of the whole call from the second
     call with the same input shape and flags on, where the clip's frames (the decode's output, the encode's input)
     take at most half of `chunk_bytes`. Eager calls wait for their ~200 kernel launches: a replay has none. A
-    replayed call's graph holds its own copy of those frames and one chunk's activations until the model moves or
-    another shape takes its place (the last 2 are kept); set cuda_graphs = False for calls without graphs.
+    replayed call's graph holds its own copy of those frames and one chunk's activations until the model moves
+    (`.to()`) or another shape takes its place (the last 2 are kept); set cuda_graphs = False for eager calls.
     chunk_bytes (default CHUNK_BYTES): `decode_video` / `encode_video` run as many latent frames at a time as keep
     the estimated activations within this many bytes (at least one), so their memory is the output's plus one
     chunk's at any video length; the result does not depend on it.
