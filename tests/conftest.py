@@ -9,6 +9,7 @@ deselected, not skipped, when it is absent, so a skip always means a missing GPU
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -251,20 +252,30 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-@pytest.fixture
-def isolated_dispatch(tmp_path, monkeypatch):
-    """Dispatch state and its timings file private to one test, blocking tuning unless the test asks otherwise,
-    and the backend and tuning modes restored after it."""
+@contextlib.contextmanager
+def private_dispatch(cache_dir: Path, patch: pytest.MonkeyPatch):
+    """Dispatch state and its timings file (in cache_dir) private to the block, blocking tuning unless the code
+    inside asks otherwise, and the backend and tuning modes restored after it. `patch` sets the environment (the
+    caller undoes it)."""
     from taesd_fast import dispatch
 
-    monkeypatch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TAESD_FAST_TUNING", "blocking")  # deterministic: tests of subprocess tuning ask for it
+    patch.setenv("TAESD_FAST_CACHE_DIR", str(cache_dir))
+    patch.setenv("TAESD_FAST_TUNING", "blocking")  # deterministic: tests of subprocess tuning ask for it
     dispatch.clear_cache()
-    yield
-    dispatch.wait_for_tuning(timeout=60)
-    dispatch.clear_cache()
-    dispatch.set_backend("auto")
-    dispatch.set_tuning(None)
+    try:
+        yield
+    finally:
+        dispatch.wait_for_tuning(timeout=60)
+        dispatch.clear_cache()
+        dispatch.set_backend("auto")
+        dispatch.set_tuning(None)
+
+
+@pytest.fixture
+def isolated_dispatch(tmp_path, monkeypatch):
+    """`private_dispatch` for one test."""
+    with private_dispatch(tmp_path, monkeypatch):
+        yield
 
 
 def process_gone(pid: int, timeout: float) -> bool:

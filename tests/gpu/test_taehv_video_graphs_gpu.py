@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from conftest import private_dispatch
 from error_bounds import assert_worst_element_within
 from reference_taehv import published_keys, random_state_dict
 
@@ -23,14 +24,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="TAEHV gra
 def shared_timings(tmp_path_factory):
     """Blocking tuning whose timings the tests of this file share (one cache folder): each shape is timed once."""
     patch = pytest.MonkeyPatch()
-    patch.setenv("TAESD_FAST_CACHE_DIR", str(tmp_path_factory.mktemp("timings")))
-    patch.setenv("TAESD_FAST_TUNING", "blocking")
-    dispatch.clear_cache()
-    yield
-    dispatch.wait_for_tuning(timeout=60)
-    dispatch.clear_cache()
-    dispatch.set_backend("auto")
-    dispatch.set_tuning(None)
+    with private_dispatch(tmp_path_factory.mktemp("timings"), patch):
+        yield
     patch.undo()
 
 FAMILIES = {"taew2_2": (48, 2), "taew2_1": (16, 1)}
