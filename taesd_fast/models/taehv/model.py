@@ -149,7 +149,8 @@ class TAEHV(TinyAutoencoder):
 
         The end is padded with copies of the last frame up to a multiple of t_downscale. The frames run through the
         streaming state in chunks sized by `chunk_bytes` (the latents equal a whole-video encode's), so memory
-        does not grow with the video's length; parallel=False encodes t_downscale frames at a time."""
+        does not grow with the video's length; parallel=False encodes t_downscale frames at a time. On CUDA the call
+        is a CUDA-graph replay from its second call with this shape (cuda_graphs, class docstring)."""
         param = self._param("encoder")
         check_video(video, "video", 3, param, self.arch.space_scale)
         warn_if_unusual_range(video, checked=self._range_checked, what="video frames")
@@ -187,7 +188,8 @@ class TAEHV(TinyAutoencoder):
         chunks through the low-resolution layers, their output in short chunks through the last stage, each
         chunk's frames written into the one output tensor. The frames equal a whole-video decode's, and memory
         beyond the output does not grow with the video's length. parallel=False decodes one latent frame at a time.
-        uint8: frames as uint8 in [0, 255] (rounded), for writing video (half or a quarter of the output memory)."""
+        uint8: frames as uint8 in [0, 255] (rounded), for writing video (half or a quarter of the output memory).
+        On CUDA the call is a CUDA-graph replay from its second call with this shape (cuda_graphs, class docstring)."""
         param = self._param("decoder")
         check_video(latents, "latents", self.latent_channels, param)
         n, t, c, h, w = latents.shape
