@@ -157,6 +157,25 @@ def test_taehv_video_calls_use_their_graph_caches_within_the_budget(fake_graphs)
         assert len(dec) == 0 and len(fake_graphs) == 3
 
 
+def test_wan_adapter_keeps_taehvs_whole_call_graphs_off_unless_asked(fake_graphs):
+    """A pipeline decodes once per video: AutoencoderTinyWan holds no whole-call graph between videos by default,
+    replays one with cuda_graphs = True, and leaves the wrapped TAEHV's own switch as it was."""
+    from taesd_fast import TAEHV
+    from taesd_fast.models.taehv.diffusers import AutoencoderTinyWan
+
+    vae = AutoencoderTinyWan(TAEHV("taew2_1"))
+    z = torch.randn(1, 16, 2, 4, 6)  # NCTHW
+    video = torch.rand(1, 3, 5, 32, 48) * 2 - 1
+    with torch.no_grad():
+        for _ in range(3):
+            vae.decode(z), vae.encode(video)
+        assert fake_graphs == [] and vae.taehv.cuda_graphs
+        vae.cuda_graphs = True
+        for _ in range(2):
+            vae.decode(z), vae.encode(video)
+    assert len(vae.taehv._graph_caches["decoder"]) == len(vae.taehv._graph_caches["encoder"]) == 1
+
+
 def test_diffusers_adapter_decode_uses_the_graph_cache(fake_graphs):
     from taesd_fast import AutoencoderTinyFast
 
