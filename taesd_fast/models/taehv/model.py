@@ -197,7 +197,7 @@ class TAEHV(TinyAutoencoder):
         side = self.space_upscale
         shape = (n, self.t_upscale * t - trim, 3, h * side, w * side)
         dtype = torch.uint8 if uint8 else param.dtype
-        run = lambda z: self._decode_video(z, shape, dtype, trim, parallel, show_progress_bar)  # noqa: E731
+        run = lambda z: self._decode_video(z, shape, dtype, trim, parallel, show_progress_bar, param)  # noqa: E731
         if not self._whole_call_graph(math.prod(shape) * dtype.itemsize, show_progress_bar):
             return run(latents)
         with torch.no_grad():
@@ -205,8 +205,7 @@ class TAEHV(TinyAutoencoder):
                                                  extra=(parallel, uint8, self.preview, self.chunk_bytes))
 
     def _decode_video(self, latents: torch.Tensor, shape: tuple, dtype: torch.dtype, trim: int, parallel: bool,
-                      show_progress_bar: bool) -> torch.Tensor:
-        param = self._param("decoder")
+                      show_progress_bar: bool, param: torch.Tensor) -> torch.Tensor:
         n, t, c, h, w = latents.shape
         uint8 = dtype == torch.uint8
         out = torch.empty(shape, dtype=dtype, device=param.device)
@@ -234,7 +233,7 @@ class TAEHV(TinyAutoencoder):
         return out
 
     def _whole_call_graph(self, frame_bytes: int, show_progress_bar: bool) -> bool:
-        """Whether decode_video / encode_video of x goes through its whole-call graph cache (which runs CPU and
+        """Whether a decode_video / encode_video call goes through its whole-call graph cache (which runs CPU and
         autograd calls eagerly): with cuda_graphs on, without a progress bar (a replay has no steps to show), and
         where the clip's frames take at most half of chunk_bytes (the graph keeps its own copy of them, so memory
         stays bounded)."""
