@@ -123,22 +123,54 @@ def test_one_frame_chunks_and_stream_equal_decode_video(model, per_image_convs):
     assert torch.equal(torch.cat([first, rest], 1)[:, startup:], whole)
 
 
-def test_chunked_encode_equals_whole_bitwise(model, per_image_convs):
-    td, side = model.t_downscale, 8 * model.patch_size
-    video = torch.rand(1, 6 * td + 1, 3, 2 * side, 3 * side, generator=torch.Generator().manual_seed(3))  # padded
-    model.chunk_bytes = math.inf
-    whole = model.encode_video(video)
-    assert whole.shape[:2] == (1, 7) and whole.abs().max() > 0.1
-    param = next(model.encoder.parameters())
-    per = model._bytes_per_latent("encoder", 2 * side, 3 * side, param)
+def _video(model, latent_frames: int, seed: int = 3) -> torch.Tensor:
+    """Frames for `latent_frames` latent frames, the last one short by t_downscale - 1 (encode_video pads it)."""
+    side = 8 * model.patch_size
+    frames = (latent_frames - 1) * model.t_downscale + 1
+    return torch.rand(1, frames, 3, 2 * side, 3 * side, generator=torch.Generator().manual_seed(seed))
+
+
+def _per_latent_encode_bytes(model, video) -> int:
+    return model._bytes_per_latent("encoder", *video.shape[-2:], next(model.encoder.parameters()))
+
+
+def _encode(model, video, budget: float, **kwargs) -> torch.Tensor:
+    """encode_video with chunk_bytes = budget x the whole encoder's activation bytes per latent frame."""
+    model.chunk_bytes = budget * _per_latent_encode_bytes(model, video)
     try:
-        for chunk in (2, 3):  # chunks of 1, 2, 2, 2 and 2, 2, 3 latent frames; the last one padded
-            model.chunk_bytes = chunk * per
-            assert model._chunk_length("encoder", 7, 2 * side, 3 * side, param) == chunk
-            torch.testing.assert_close(model.encode_video(video), whole, rtol=0, atol=0)
-        torch.testing.assert_close(model.encode_video(video, parallel=False), whole, rtol=0, atol=0)
+        return model.encode_video(video, **kwargs)
     finally:
         model.chunk_bytes = CHUNK_BYTES
+
+
+def test_chunked_encode_equals_whole_bitwise(model, per_image_convs):
+    """Both levels of encode_video's chunks (short chunks of the full-resolution layers gathered into long chunks
+    of the rest) and the padded last chunk give the whole-clip encode's latents, at budgets from one latent frame
+    per chunk to the whole clip."""
+    video = _video(model, 7)
+    whole = _encode(model, video, math.inf)
+    assert whole.shape[:2] == (1, 7) and whole.abs().max() > 0.1
+    param = next(model.encoder.parameters())
+    seen = set()
+    for budget in (0.05, 0.2, 1, 3, 5):
+        model.chunk_bytes = budget * _per_latent_encode_bytes(model, video)
+        long, short, _ = model._encode_chunks(7, *video.shape[-2:], param)
+        seen.add((long, short))
+        got = _encode(model, video, budget)
+        assert torch.equal(got, whole), (model.variant, budget, long, short, (got - whole).abs().max().item())
+    # one latent frame per chunk; long chunks of short ones, several long chunks; the whole clip in long chunks
+    assert (1, 1) in seen and any(1 < long < 7 for long, _ in seen), seen
+    assert any(long == 7 and 1 < short < 7 for long, short in seen), seen
+    assert torch.equal(model.encode_video(video, parallel=False), whole)
+
+
+def test_chunked_encode_carries_the_memory(model):
+    """Latents of a clip encoded from its middle differ from the whole clip's (the memory carries the past), so
+    the test above can fail."""
+    video = _video(model, 6, seed=4)
+    whole = _encode(model, video, math.inf)
+    restarted = _encode(model, video[:, 3 * model.t_downscale:], math.inf)
+    assert (restarted[:, 1:] - whole[:, 4:]).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -201,3 +233,26 @@ def test_memory_beyond_the_output_is_one_chunks(name):
     assert budget / 3 <= short <= budget and budget / 3 <= long <= budget, (short, long, budget)
     whole = _peak_beyond_output(model, _latents(model, 12), None)
     assert whole > 3 * long  # the measurement sees a whole-video decode's activations
+
+
+def _encode_peak_beyond_state(model, video, budget) -> int:
+    """Peak live activation bytes of encode_video beyond its latents and the stream's memory."""
+    with LiveBytes() as live:
+        out = _encode(model, video, budget)
+    _, state = model.encode_step(video[:, :model.t_downscale])
+    memory = sum(m.untyped_storage().nbytes() for m in state.memory)
+    return live.peak - out.untyped_storage().nbytes() - memory
+
+
+@pytest.mark.parametrize("name", ["taew2_2", "taeltx_2"])
+def test_encode_memory_is_one_chunks(name):
+    """encode_video's activations (the gathered long chunk and a short chunk's, with the chunk's frames) stay within
+    chunk_bytes and use at least a third of it, for a video 3x longer too; a whole-clip encode holds much more."""
+    model = _model(name)
+    for budget in (1, 2.5):  # short chunks of 1 and 2 latent frames
+        short = _encode_peak_beyond_state(model, _video(model, 4), budget)
+        long = _encode_peak_beyond_state(model, _video(model, 12), budget)
+        limit = budget * _per_latent_encode_bytes(model, _video(model, 4))
+        assert limit / 3 <= short <= limit and limit / 3 <= long <= limit, (budget, short, long, limit)
+    whole = _encode_peak_beyond_state(model, _video(model, 12), math.inf)
+    assert whole > 3 * long

@@ -2,7 +2,7 @@
 """Upstream TAEHV (madebyollin/taehv's taehv.py, from the user's path) beside taesd_fast, in one process.
 
     python3 tools/bench_upstream_taehv.py PATH/TO/taehv.py [--workloads taew2_2-121,taew2_1-61,taew2_2-13]
-        [--no-compile] [--no-encode] [--device cuda] [--small] [--table]
+        [--no-compile] [--no-encode] [--only TEXT,...] [--device cuda] [--small] [--table]
 
 Upstream's file is imported from the given path (it is MIT-licensed and stays the user's: nothing of it is copied
 here). Both models get the same random weights: taesd_fast's model in the published layout is saved as
@@ -21,7 +21,8 @@ to return on an idle GPU, unsynchronized: near ms means CPU-bound); peak GB (tor
 the timed calls); the max abs / relative error against upstream's eager decode (or encode) in fp32 (TF32 off).
 Workloads (fp16 on CUDA, batch 1): taew2_2-121 (31 latents 44x80 -> 121 frames 704x1280), taew2_1-61 (16 latents
 40x64 -> 61 frames 320x512), taew2_2-13 (4 latents 44x80 -> 13 frames). --small: 3 latents of 2x3 each (a smoke
-test; fp32 on the CPU). --table: after each workload, the dispatcher's per-layer table (the row each layer ran and
+test; fp32 on the CPU). --only: measure only the rows whose method contains one of the given texts (e.g.
+"encode" for the encode rows; the references are computed all the same). --table: after each workload, the dispatcher's per-layer table (the row each layer ran and
 the timings it was chosen by). The table goes to stdout and, with $OUT set, to $OUT/upstream_taehv.md.
 """
 
@@ -158,7 +159,7 @@ def settled(fn, rounds: int = 6):
 
 
 def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mode: str | None, encode: bool,
-             seed: int = 0, show_table: bool = False) -> list[dict]:
+             seed: int = 0, show_table: bool = False, only: tuple[str, ...] = ()) -> list[dict]:
     """The rows of one workload (each printed as it is measured)."""
     cuda = device.startswith("cuda")
     ours32 = random_decoder(work.variant, seed, encoder=True)
@@ -203,6 +204,8 @@ def rows_for(module, work: Workload, device: str, dtype: torch.dtype, compile_mo
             methods[f"upstream torch.compile {compile_mode}"] = (
                 lambda: compiled(z, parallel=True, show_progress_bar=False), ref_dec)
         for method, (fn, ref) in methods.items():
+            if only and not any(text in method for text in only):
+                continue
             row = {"workload": work.name, "method": method}
             try:
                 out = fn()
@@ -243,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile max-autotune rows")
     ap.add_argument("--no-encode", action="store_true", help="skip the encode_video rows")
+    ap.add_argument("--only", default="", help="comma-separated texts: measure only the methods containing one")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="3 latents of 2x3 per workload: a smoke test")
     ap.add_argument("--table", action="store_true", help="print the dispatcher's per-layer table after each workload")
@@ -264,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.small:
             work = work._replace(name=f"{work.name} (small: 3 latents 2x3)", latents=3, height=2, width=3)
         rows += rows_for(module, work, args.device, dtype, None if args.no_compile else "max-autotune",
-                         not args.no_encode, show_table=args.table)
+                         not args.no_encode, show_table=args.table,
+                         only=tuple(t.strip() for t in args.only.split(",") if t.strip()))
     report = (f"upstream {args.upstream} vs taesd_fast ({str(dtype).replace('torch.', '')}, {args.device}); "
               f"errors against upstream's fp32 eager output\n\n{table(rows)}")
     print(report, flush=True)

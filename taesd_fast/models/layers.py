@@ -115,9 +115,14 @@ def conv_weights_channels_last(module: nn.Module) -> None:
             param.data = param.data.contiguous(memory_format=torch.channels_last)
 
 
+def preferred_format(device: torch.device) -> torch.memory_format:
+    """The memory layout the models run fastest with on `device`: channels_last on CUDA."""
+    return torch.channels_last if torch.device(device).type == "cuda" else torch.contiguous_format
+
+
 def preferred_layout(x: torch.Tensor) -> torch.Tensor:
-    """x in the memory layout the models run fastest with on its device (channels_last on CUDA)."""
-    return x.contiguous(memory_format=torch.channels_last) if x.is_cuda else x
+    """x in the memory layout the models run fastest with on its device (`preferred_format`)."""
+    return x.contiguous(memory_format=preferred_format(x.device)) if x.is_cuda else x
 
 
 def name_layers(root: nn.Module, prefix: str = "") -> None:

@@ -1,7 +1,7 @@
 """TAEHV on a CUDA GPU: the dispatched fast path against the float64 reference (within 2x of PyTorch's own fp16
 error), the CUDA-graphed streaming step against eager, streaming against parallel, a streaming peak memory that
-does not grow with the stream's length, and decode_video in chunks: within 2x of PyTorch's fp16 error, its memory
-beyond the output bounded by one chunk's. Random weights in the published layout (no TAEHV weights are reachable).
+does not grow with the stream's length, and decode_video and encode_video in chunks: within 2x of PyTorch's fp16
+error, their memory beyond the frames bounded by one chunk's. Random weights in the published layout (no TAEHV weights are reachable).
 """
 
 from __future__ import annotations
@@ -205,3 +205,55 @@ def test_decode_video_memory_beyond_its_output_does_not_grow():
     print(f"\nbeyond the output: 8 latents {short / 2**20:.0f} MiB, 24 latents {long / 2**20:.0f} MiB, "
           f"chunk budget {4 * per_latent / 2**20:.0f} MiB")
     assert max(short, long) <= 4 * per_latent * 1.25
+
+
+def test_chunked_encode_within_2x_of_torch_fp16_error(no_tf32):
+    """encode_video in both levels of chunks (short chunks of the full-resolution layers gathered into long ones,
+    several long ones at the smaller budget) against the fp32 whole-clip encode: within 2x of PyTorch's own fp16
+    error for the dispatched path; chunked fp32 equals whole fp32 to fp32 rounding."""
+    state = _state("taew2_2")
+    m16 = TAEHV.from_state_dict(state, device="cuda", dtype=torch.float16)
+    m32 = TAEHV.from_state_dict(state, device="cuda", dtype=torch.float32)
+    video = torch.rand(1, 25, 3, 176, 320, generator=torch.Generator().manual_seed(5)).cuda()  # 7 latent frames
+    per_latent = m32._bytes_per_latent("encoder", 176, 320, next(m32.encoder.parameters()))
+    with torch.no_grad():
+        m32.chunk_bytes = math.inf
+        whole32 = m32.encode_video(video)
+        m16.chunk_bytes = math.inf
+        with dispatch.backend("torch"):
+            torch_err = _rel(m16.encode_video(video.half()), whole32)
+        for budget in (0.2, 2.5):
+            m32.chunk_bytes = budget * per_latent
+            long, short, _ = m32._encode_chunks(7, 176, 320, next(m32.encoder.parameters()))
+            assert short < long and (long < 7 or budget > 1), (budget, long, short)
+            assert _rel(m32.encode_video(video), whole32) < 1e-5
+            m16.chunk_bytes = budget * per_latent / 2
+            err = _rel(m16.encode_video(video.half()), whole32)
+            print(f"\nchunks of {long} / {short} latent frames: fp16 rel err {err:.3e}, PyTorch fp16 whole "
+                  f"{torch_err:.3e}")
+            assert err <= 2 * torch_err + 1e-6
+
+
+def test_encode_video_memory_beyond_its_input_does_not_grow():
+    """chunk_bytes of 2.5 latent frames' activations at 704x1280: beyond its input and latents, a clip and one 3x
+    longer each need no more than that budget. Eager calls (the replayed call's bound is the graph tests')."""
+    model = TAEHV.from_state_dict(_state("taew2_2"), device="cuda", dtype=torch.float16)
+    model.cuda_graphs = False
+    per_latent = model._bytes_per_latent("encoder", 704, 1280, next(model.encoder.parameters()))
+    model.chunk_bytes = 2.5 * per_latent
+
+    def beyond(latent_frames: int) -> int:
+        video = torch.rand(1, 4 * latent_frames - 3, 3, 704, 1280, device="cuda", dtype=torch.float16)
+        with torch.no_grad():
+            model.encode_video(video)  # warm-up: dispatch timing, cuDNN choices
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            out = model.encode_video(video)
+            torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+
+    short, long = beyond(4), beyond(12)
+    print(f"\nencode beyond its input: 4 latents {short / 2**20:.0f} MiB, 12 latents {long / 2**20:.0f} MiB, "
+          f"chunk budget {2.5 * per_latent / 2**20:.0f} MiB")
+    assert max(short, long) <= 2.5 * per_latent * 1.25

@@ -19,7 +19,7 @@ from ... import dispatch, graphs
 from ...graphs import GraphCache, parameters_of
 from ...validation import as_float_dtype, check_device
 from ...value_range import warn_if_unusual_range
-from ..layers import TinyAutoencoder, preferred_layout
+from ..layers import TinyAutoencoder, preferred_format, preferred_layout
 from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
 from .layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
                      run_sequence, sizes_at)
@@ -163,21 +163,52 @@ class TAEHV(TinyAutoencoder):
 
     def _encode_video(self, video: torch.Tensor, parallel: bool, show_progress_bar: bool,
                       param: torch.Tensor) -> torch.Tensor:
-        n, t, _, h, w = video.shape
-        td, steps = self.t_downscale, -(-video.shape[1] // self.t_downscale)
-        side = self.arch.space_scale
+        n, _, _, h, w = video.shape
+        steps, side = -(-video.shape[1] // self.t_downscale), self.arch.space_scale
         out = torch.empty(n, steps, self.latent_channels, h // side, w // side, dtype=param.dtype,
                           device=param.device)
-        chunk = self._chunk_length("encoder", steps, h, w, param) if parallel else 1
-        state = None
-        for start, stop in _progress(chunk_spans(steps, chunk), show_progress_bar, "encoding"):
-            frames = video[:, start * td:stop * td]
-            pad = (stop - start) * td - frames.shape[1]  # the last chunk: repeat the last frame
-            if pad:
-                frames = torch.cat([frames, frames[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
-            latents, state = self._encode(frames, state, param, graphed=False)
-            out[:, start:stop] = latents
+        # The full-resolution layers (through the first stage's memory blocks) run on short chunks of latent
+        # frames; their output, 16x smaller per frame, is gathered into long chunks for the low-resolution layers,
+        # whose convs would otherwise get a few frames each. The mirror of _decode_video's two levels.
+        long, short, cut = self._encode_chunks(steps, h, w, param, parallel)
+        state = self._state("encoder", None, n, h, w, param)
+        with torch.no_grad():
+            for start, stop in _progress(chunk_spans(steps, long), show_progress_bar, "encoding"):
+                spans = chunk_spans(stop - start, short)
+                mid = None
+                for a, b in spans:
+                    x = self._encoder_input(self._frames(video, start + a, start + b))
+                    y = run_sequence(self.encoder, x, n, state.memory, stop=cut)
+                    if len(spans) == 1:
+                        mid = y
+                        break
+                    if mid is None:  # [n * frames, C, H, W] in y's layout, frames per sample in order
+                        per = y.shape[0] // (n * (b - a))
+                        mid = torch.empty((n * (stop - start) * per, *y.shape[1:]), dtype=y.dtype, device=y.device,
+                                          memory_format=preferred_format(y.device))
+                    mid.view(n, -1, *y.shape[1:])[:, a * per:b * per] = y.view(n, -1, *y.shape[1:])
+                    del y  # not alive while the next chunk runs
+                latents = run_sequence(self.encoder, mid, n, state.memory, start=cut)
+                out[:, start:stop] = latents.view(n, stop - start, *latents.shape[1:])
+                del mid
         return out
+
+    def _frames(self, video: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """The frames of latent frames start..stop-1, the end padded with copies of the video's last frame."""
+        td = self.t_downscale
+        frames = video[:, start * td:stop * td]
+        pad = (stop - start) * td - frames.shape[1]
+        if pad:
+            frames = torch.cat([frames, frames[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
+        return frames
+
+    def _encoder_input(self, video: torch.Tensor) -> torch.Tensor:
+        """[N, T, 3, H, W] -> the encoder's input [N*T, 3p^2, H/p, W/p] (pixel-unshuffled, in the preferred layout)."""
+        n, t, _, h, w = video.shape
+        x = video.reshape(n * t, 3, h, w)
+        if self.patch_size > 1:
+            x = F.pixel_unshuffle(x, self.patch_size)
+        return preferred_layout(x)  # after the unshuffle, whose output is NCHW
 
     def decode_video(self, latents: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False,
                      uint8: bool = False) -> torch.Tensor:
@@ -259,10 +290,25 @@ class TAEHV(TinyAutoencoder):
         inner = max(1, int(min(outer * f, (self.chunk_bytes - outer * low_out) / high)))
         return outer, inner, cut
 
-    def _chunk_length(self, part: str, total: int, h: int, w: int, param: torch.Tensor) -> int:
-        """Latent frames per chunk of encode_video / decode_video (of `total`): as many as keep a chunk's
-        activations within `chunk_bytes`, at least 1."""
-        return max(1, int(min(total, self.chunk_bytes / self._bytes_per_latent(part, h, w, param))))
+    def _encode_chunks(self, total: int, h: int, w: int, param: torch.Tensor,
+                       parallel: bool = True) -> tuple[int, int, int]:
+        """(latent frames per chunk of the layers from `cut` on, latent frames per chunk of the layers before `cut`,
+        cut) for an h x w video: one latent frame at a time without `parallel`; the whole clip at once where its
+        activations fit `chunk_bytes`; else long chunks whose gathered input and activations fit it (the input at
+        most half), and short chunks whose activations fit it beside the long chunk's gathered input."""
+        seq, p, td, size = self.encoder, self.patch_size, self.t_downscale, param.element_size()
+        cut = memory_indices(seq)[3]  # the second stage's first memory block: its input is 16x smaller per frame
+        if not parallel:
+            return 1, 1, cut
+        if total * self._bytes_per_latent("encoder", h, w, param) <= self.chunk_bytes:
+            return total, total, cut
+        c, px, f = sizes_at(seq, 3 * p * p, h // p, w // p, cut, frames=td)
+        gathered = c * px * f * size  # per latent frame
+        low = live_elements(seq, 3 * p * p, h // p, w // p, frames=td, start=cut) * size
+        high = (live_elements(seq, 3 * p * p, h // p, w // p, frames=td, stop=cut) + 2 * 3 * h * w * td) * size
+        long = max(1, int(min(total, self.chunk_bytes / (gathered + low), self.chunk_bytes / 2 / gathered)))
+        short = max(1, int(min(long, (self.chunk_bytes - long * gathered) / high)))
+        return long, short, cut
 
     def _bytes_per_latent(self, part: str, h: int, w: int, param: torch.Tensor) -> int:
         """Activation bytes alive at once per latent frame of an h x w input (estimated by `live_elements`)."""
@@ -307,14 +353,10 @@ class TAEHV(TinyAutoencoder):
                              f"downscale), got {video.shape[1]}; pad with copies of the last frame")
         return self._encode(video, state, param)
 
-    def _encode(self, video: torch.Tensor, state: StreamState | None, param: torch.Tensor, graphed: bool = True):
+    def _encode(self, video: torch.Tensor, state: StreamState | None, param: torch.Tensor):
         n, t, _, h, w = video.shape
-        x = video.reshape(n * t, 3, h, w)
-        if self.patch_size > 1:
-            x = F.pixel_unshuffle(x, self.patch_size)
-        x = preferred_layout(x)  # after the unshuffle, whose output is NCHW
         state = self._state("encoder", state, n, h, w, param)
-        out = self._stream(self.encoder, x, state, graphed=graphed)
+        out = self._stream(self.encoder, self._encoder_input(video), state)
         return out.reshape(n, t // self.t_downscale, *out.shape[1:]), state
 
     def _decode(self, latents: torch.Tensor, state: StreamState | None, uint8: bool, param: torch.Tensor):
@@ -339,11 +381,10 @@ class TAEHV(TinyAutoencoder):
                              f"{_describe(signature)}; start a new stream with state=None")
         return state
 
-    def _stream(self, seq: nn.Sequential, x: torch.Tensor, state: StreamState, uint8: bool = False,
-                graphed: bool = True) -> torch.Tensor:
-        """run_sequence on the state's memory (then the decoder's postprocess); on CUDA with `graphed`, a graph
-        replay from the second call with this shape on. encode_video runs its chunks eagerly (and decode_video
-        runs run_sequence itself): a graph's private memory pool would hold a second chunk's worth of activations."""
+    def _stream(self, seq: nn.Sequential, x: torch.Tensor, state: StreamState, uint8: bool = False) -> torch.Tensor:
+        """run_sequence on the state's memory (then the decoder's postprocess) for a streaming step: on CUDA, a
+        graph replay from the second call with this shape on. (decode_video / encode_video call run_sequence
+        themselves, eagerly or inside their whole-call graph.)"""
         batch = state.signature[0]
         preview = self.preview if state.part == "decoder" else None
         post = state.part == "decoder"
@@ -353,7 +394,7 @@ class TAEHV(TinyAutoencoder):
             return self._postprocess(out, uint8) if post else out
 
         with torch.no_grad():
-            if not (graphed and self.cuda_graphs and replayable(x)):
+            if not (self.cuda_graphs and replayable(x)):
                 out = step(x)
             else:
                 with torch.cuda.device(x.device):  # capture and replay on the input's GPU
