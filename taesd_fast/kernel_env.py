@@ -5,6 +5,7 @@ whether the custom kernels are switched off.
     cache_dir()         root of the compiled-kernel and timings caches; TAESD_FAST_CACHE_DIR overrides
     sources_hash()      short hash of the .cu/.cuh sources, part of every timings key
     kernels_disabled()  TAESD_FAST_DISABLE_KERNELS is set: PyTorch everywhere (re-read on every call)
+    apply_env(values)   set or unset variables: a tuning job's cache folders, in the tuning process and its workers
 
 Nothing here touches CUDA or imports torch.
 """
@@ -17,13 +18,23 @@ from pathlib import Path
 
 from . import resources
 
-__all__ = ["cache_dir", "kernels_disabled", "sources_hash"]
+__all__ = ["apply_env", "cache_dir", "kernels_disabled", "sources_hash"]
 
 
 def cache_dir() -> Path:
     """Root of on-disk caches (cubins, dispatch timings); TAESD_FAST_CACHE_DIR overrides."""
     env = os.environ.get("TAESD_FAST_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "taesd_fast"
+
+
+def apply_env(values: dict[str, str | None]) -> None:
+    """Set each variable to its value, or unset it where the value is None: a tuning job carries the cache folders
+    the user's process had at the time of the call, and the tuning process and its compile workers apply them."""
+    for var, value in values.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
 
 
 def kernels_disabled() -> bool:

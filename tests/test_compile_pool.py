@@ -6,6 +6,7 @@ with the package's own rows on the GPU."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -167,3 +168,63 @@ def test_a_busy_compile_worker_ends_with_the_tuning_process(tmp_path):
     assert code == 0, log.read_text()[-2000:]
     pid = int(pid_file.read_text())
     assert process_gone(pid, 3.0), f"compile worker {pid} outlived the tuning process by 3 s"
+
+
+_SLOW_START = """
+import os, sys, time
+if "--multiprocessing-fork" in sys.argv:  # a spawned worker: its start (importing torch, Triton) takes long
+    time.sleep(60)
+"""
+
+_STAND_IN_STARTING = """
+import multiprocessing, os, sys, time
+from taesd_fast.dispatch import compile_pool
+pool = compile_pool.CompilePool(1)
+time.sleep(1.0)
+(worker,) = multiprocessing.active_children()
+open(sys.argv[1], "w").write(str(worker.pid))
+pool.shutdown()  # the tuning process's exit: idle, or at the end of its grace period
+os._exit(0)
+"""
+
+
+def test_a_compile_worker_still_starting_ends_with_the_pool(tmp_path):
+    """A worker still importing (before its initializer has set the parent-death signal or started its watch) is
+    stopped by the pool's shutdown: on a loaded machine that start lasts longer than the tuning process."""
+    import subprocess
+    import sys
+
+    from conftest import process_gone
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_SLOW_START)
+    pid_file, log = tmp_path / "pid", tmp_path / "log"
+    env = dict(os.environ, TAESD_FAST_TUNING_COMPILERS="1",
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    with open(log, "w") as out:
+        code = subprocess.run([sys.executable, "-c", _STAND_IN_STARTING, str(pid_file)], stdout=out, stderr=out,
+                              timeout=120, env=env).returncode
+    assert code == 0, log.read_text()[-2000:]
+    pid = int(pid_file.read_text())
+    assert process_gone(pid, 3.0), f"compile worker {pid}, still starting, outlived the pool's shutdown by 3 s"
+
+
+def test_the_tuning_process_stops_its_workers_at_the_end_of_its_grace_period(monkeypatch):
+    """When the parent goes, the tuning process's exit at the end of the grace period first runs the hook that
+    shuts its compile pool down."""
+    import faulthandler
+
+    from taesd_fast.dispatch import tune_worker
+
+    calls = []
+    monkeypatch.setattr(tune_worker, "EXIT_GRACE_S", 0.05)
+    monkeypatch.setattr(tune_worker.os, "_exit", lambda code: calls.append(("exit", code)))
+    inbox = tune_worker._Inbox(before_exit=lambda: calls.append("workers stopped"))
+    try:
+        inbox.gone("test")
+        deadline = time.monotonic() + 5
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        faulthandler.cancel_dump_traceback_later()  # the backstop gone() armed in this process
+    assert calls == ["workers stopped", ("exit", 0)] and inbox.parent_gone

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Callable
 
+from .. import kernel_env
 from ..host_memory import available_ram
 
 WAIT_S = 120.0  # the longest a job waits for its compiles before its timing run compiles what is left itself
@@ -123,7 +124,13 @@ class CompilePool:
         return out
 
     def shutdown(self) -> None:
+        """Stop the workers at once: those compiling (nothing waits for them now) and those still starting. A
+        worker importing torch and Triton has not yet run `_init_worker`, so neither its parent-death signal nor
+        its watch thread would end it; on a loaded machine that start takes tens of seconds."""
+        processes = list((getattr(self.executor, "_processes", None) or {}).values())  # shutdown forgets them
         self.executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.kill()
 
 
 def wait(futures: list[Future], timeout: float = WAIT_S) -> tuple[int, list[str]]:
@@ -198,11 +205,7 @@ def _warm() -> None:
 
 def _compile(task: tuple, env: dict[str, str | None]) -> str | None:
     """Compile one recorded task into the on-disk caches. Returns None, or why it failed."""
-    for var, value in env.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    kernel_env.apply_env(env)
     try:
         if task[0] == "nvrtc":
             from .. import _backend

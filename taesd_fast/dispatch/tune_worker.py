@@ -15,11 +15,14 @@ TAESD_FAST_TUNING_MEMORY_MB, default 4096, and 10% of free memory) is not timed 
 allocator is capped at the budget too, so a wrong estimate fails a candidate, not the user's allocation.
 
 It exits when its queue has been empty for IDLE_EXIT_S, and when its parent goes (stdin closed or the parent
-process gone): it goes on with the jobs it has for at most EXIT_GRACE_S, so quick work is kept, then stops.
+process gone): it goes on with the jobs it has for at most EXIT_GRACE_S, so quick work is kept, then stops. Should
+the thread that ends it then not get the GIL (a call holding it), faulthandler's watchdog, a native thread, writes
+every thread's stack to the log and exits BACKSTOP_S later.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import heapq
 import importlib
 import json
@@ -29,10 +32,12 @@ import threading
 import time
 from pathlib import Path
 
+from .. import kernel_env
 from . import compile_pool
 
 IDLE_EXIT_S = 2.0
 EXIT_GRACE_S = 5.0
+BACKSTOP_S = 2.0
 MEMORY_SHARE = 0.10  # of the GPU's free memory
 DEFAULT_MEMORY_MB = 4096
 
@@ -40,10 +45,11 @@ DEFAULT_MEMORY_MB = 4096
 class _Inbox:
     """Jobs read from stdin, graph-replayed specs first; records when the parent has gone."""
 
-    def __init__(self):
+    def __init__(self, before_exit=lambda: None):
         self.cv = threading.Condition()
         self.heap: list = []
         self.parent_gone = False
+        self.before_exit = before_exit  # run just before the grace period's exit (stops the compile workers)
 
     def read(self, stream) -> None:
         for line in stream:
@@ -54,24 +60,33 @@ class _Inbox:
             with self.cv:
                 heapq.heappush(self.heap, (0 if job.get("graph") else 1, job["id"], job))
                 self.cv.notify_all()
-        self.gone()
+        self.gone("stdin closed")
 
     def watch(self, parent: int) -> None:
         while not self.parent_gone:
             time.sleep(0.5)
             if os.getppid() != parent:
-                self.gone()
+                self.gone("the parent process exited")
 
-    def gone(self) -> None:
+    def gone(self, why: str) -> None:
         """The parent closed stdin or died: go on for at most the grace period, then exit."""
         with self.cv:
             if self.parent_gone:
                 return
             self.parent_gone = True
+            queued = len(self.heap)
             self.cv.notify_all()
-        timer = threading.Timer(EXIT_GRACE_S, os._exit, (0,))
+        print(f"{_now()} {why}: exiting within {EXIT_GRACE_S:.0f} s ({queued} jobs queued)", flush=True)
+        faulthandler.dump_traceback_later(EXIT_GRACE_S + BACKSTOP_S, exit=True)  # to stderr: the log
+        timer = threading.Timer(EXIT_GRACE_S, self._exit)
         timer.daemon = True
         timer.start()
+
+    def _exit(self) -> None:
+        try:
+            self.before_exit()
+        finally:
+            os._exit(0)
 
     def next(self):
         """The next job, or None when it is time to exit (idle, or the parent gone and nothing left)."""
@@ -125,11 +140,7 @@ def _job(job: dict) -> tuple:
     from . import decide
     from .spec import meta_from_json, spec_from_json
 
-    for var, value in job.get("env", {}).items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    kernel_env.apply_env(job.get("env", {}))
     spec, meta, graph = spec_from_json(job["spec"]), meta_from_json(job["meta"]), bool(job["graph"])
     return (spec, meta, graph, *decide.eligible(spec, "auto"))
 
@@ -154,7 +165,7 @@ class _Compiles:
         except Exception as e:  # noqa: BLE001 - the workers only save time
             from .measure import error_line
 
-            print(f"{time.strftime('%H:%M:%S')} compile workers given up: {error_line(e)}", flush=True)
+            print(f"{_now()} compile workers given up: {error_line(e)}", flush=True)
             self.close()
             self.workers, self.pool = 0, None
             self.futures = {}
@@ -230,10 +241,14 @@ def tune(job: dict, note: str = "") -> dict:
             torch.cuda.empty_cache()
     store.put(tkey, ms, failed, path)
     best = min(ms, key=ms.get) if ms else "-"
-    print(f"{time.strftime('%H:%M:%S')} job {job['id']}: {spec.kind} x{spec.x_shape} w{spec.w_shape} "
+    print(f"{_now()} job {job['id']}: {spec.kind} x{spec.x_shape} w{spec.w_shape} "
           f"graph={int(graph)}: {len(rows)} rows, {threads} threads, {time.perf_counter() - t0:.1f} s, fastest "
           f"{best}{note}" + "".join(f"\n  {name} {why}" for name, why in failed.items()), flush=True)
     return {"ms": ms, "failed": failed}
+
+
+def _now() -> str:
+    return time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
 
 
 def _peak_mb() -> float:
@@ -252,13 +267,16 @@ def main(argv: list[str]) -> int:
             out.write(json.dumps(message) + "\n")
             out.flush()
         except OSError:  # the parent has gone: nobody to tell
-            inbox.gone()
+            inbox.gone("the answer pipe closed")
 
-    inbox = _Inbox()
+    compiles = _Compiles()
+    inbox = _Inbox(before_exit=compiles.close)
     threading.Thread(target=inbox.read, args=(sys.stdin,), daemon=True).start()
     threading.Thread(target=inbox.watch, args=(os.getppid(),), daemon=True).start()
+    started = os.environ.get("TAESD_FAST_TUNER_STARTED")
+    took = f", {time.time() - float(started):.1f} s after its start" if started else ""
+    print(f"{_now()} tuning process {os.getpid()} ready{took}", flush=True)
     _setup_hook()
-    compiles = _Compiles()
     try:
         while True:
             job = inbox.next()

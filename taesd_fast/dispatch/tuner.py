@@ -73,6 +73,7 @@ class _Worker:
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])  # where `import taesd_fast` found this package
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env["TAESD_FAST_TUNER_STARTED"] = repr(time.time())  # its log says how long its imports took
         log = _log_file()
         try:
             self.proc = subprocess.Popen(

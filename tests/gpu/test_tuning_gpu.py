@@ -82,13 +82,35 @@ def test_user_cuda_work_while_tuning_is_pending_neither_fails_nor_changes():
     print("\npending per step:", [r["pending"] for r in runs], "wall s:", [round(r["wall_s"], 1) for r in runs])
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
+
+
+def _gone_or_why(pid: int, caches: str, within: float = 10) -> str:
+    """"" if process pid is gone within `within` s; else when it did go (up to a minute more) and its log's end."""
+    if process_gone(pid, within):
+        return ""
+    t0 = time.monotonic()
+    gone = process_gone(pid, 60)
+    log = Path(caches, "taesd_fast", "dispatch", "tuner.log")
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+    return (f"tuning process {pid} alive {within:.0f} s after its user's exit; "
+            + (f"gone {within + time.monotonic() - t0:.1f} s after" if gone else "still alive a minute later")
+            + f" ({time.strftime('%H:%M:%S')}); its log ends:\n{tail}")
+
+
 def test_exit_right_after_the_first_call():
     with ThreadPoolExecutor(PROCESSES) as pool:
         runs = list(pool.map(lambda _: _user("exit"), range(PROCESSES)))
     for run in runs:
         assert len(run["processes"]) == 1
-        assert process_gone(run["processes"][0], 10)
-        assert _left_behind(run["caches"]) == []  # the compile workers too
+        why = _gone_or_why(run["processes"][0], run["caches"])
+        assert not why, why
+        left = _left_behind(run["caches"])  # the compile workers too
+        assert left == [], [(pid, _cmdline(pid)) for pid in left]
     print("\nwall s:", [round(r["wall_s"], 1) for r in runs])
 
 
