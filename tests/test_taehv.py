@@ -206,3 +206,18 @@ def test_channels_last_run_equals_contiguous(family, monkeypatch):
     last = model.decode_video(latents), model.encode_video(video)
     for a, b in zip(plain, last):
         assert rel_err(a, b) <= REL_TOL
+
+
+def test_pooled_frames_equal_the_fold_and_conv():
+    """TPool's CUDA path (GEMMs over the unfolded frames of a channels_last input), run here on the CPU in float64:
+    equal to the fold and 1x1 conv it replaces, for time strides 2 and 4."""
+    from taesd_fast.models.taehv.layers import _pooled_frames, frames_to_channels
+
+    gen = torch.Generator().manual_seed(11)
+    for stride in (2, 4):
+        x = torch.randn(3 * stride, 8, 5, 7, generator=gen, dtype=torch.float64)
+        weight = torch.randn(6, 8 * stride, 1, 1, generator=gen, dtype=torch.float64)
+        expected = torch.nn.functional.conv2d(frames_to_channels(x, stride), weight)
+        got = _pooled_frames(x.contiguous(memory_format=torch.channels_last), weight, stride)
+        assert got.shape == expected.shape and got.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

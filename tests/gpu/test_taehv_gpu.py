@@ -257,3 +257,25 @@ def test_encode_video_memory_beyond_its_input_does_not_grow():
     print(f"\nencode beyond its input: 4 latents {short / 2**20:.0f} MiB, 12 latents {long / 2**20:.0f} MiB, "
           f"chunk budget {2.5 * per_latent / 2**20:.0f} MiB")
     assert max(short, long) <= 2.5 * per_latent * 1.25
+
+
+@pytest.mark.parametrize("shape", [(8, 64, 352, 640), (12, 64, 176, 320), (62, 64, 33, 47)])
+def test_pooled_frames_within_2x_of_cudnn_fp16(shape, no_tf32):
+    """TPool's GEMMs over the unfolded frames (CUDA, channels_last) against float64, on fresh random inputs: within 2x
+    of cuDNN's fp16 error on the folded input (the path they replace), worst element and relative."""
+    from taesd_fast.models.taehv.layers import TPool, _pooled_frames, frames_to_channels
+
+    gen = torch.Generator().manual_seed(shape[0])
+    pool = TPool(shape[1], 2)
+    weight = torch.randn(pool.conv.weight.shape, generator=gen) / (2 * shape[1]) ** 0.5
+    x = torch.randn(shape, generator=gen).relu()
+    expected = torch.nn.functional.conv2d(frames_to_channels(x.double(), 2), weight.double())
+    x16 = x.cuda().half().contiguous(memory_format=torch.channels_last)
+    w16 = weight.cuda().half()
+    got = _pooled_frames(x16, w16, 2)
+    cudnn = torch.nn.functional.conv2d(frames_to_channels(x16, 2), w16)
+    assert got.shape == expected.shape and got.is_contiguous(memory_format=torch.channels_last)
+    worst, cudnn_worst = ((t.double().cpu() - expected).abs().max().item() for t in (got, cudnn))
+    print(f"\n{shape}: worst {worst:.3g}, cuDNN fp16 {cudnn_worst:.3g}; rel {_rel(got, expected):.3g}, "
+          f"cuDNN {_rel(cudnn, expected):.3g}")
+    assert worst <= 2 * cudnn_worst and _rel(got, expected) <= 2 * _rel(cudnn, expected)

@@ -95,7 +95,11 @@ class SuperMemBlock(nn.Module):
 
 
 class TPool(nn.Module):
-    """Folds `stride` consecutive frames into channels, then a bias-free 1x1 conv. Key conv.weight."""
+    """Folds `stride` consecutive frames into channels, then a bias-free 1x1 conv. Key conv.weight.
+
+    On CUDA with a channels_last input the fold is never made: the 1x1 conv is `stride` batched GEMMs (cuBLAS), one
+    per frame of each run, over that frame's slice of the weight, accumulated into one output. At the encoder's
+    first stage (64 channels at full resolution) the fold's copy moved more bytes than the conv itself."""
 
     def __init__(self, n: int, stride: int):
         super().__init__()
@@ -103,7 +107,23 @@ class TPool(nn.Module):
         self.conv = conv1x1(n * stride, n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride > 1 and x.is_cuda and _channels_last(x):
+            return _pooled_frames(x, self.conv.weight, self.stride)
         return self.conv(frames_to_channels(x, self.stride))
+
+
+def _pooled_frames(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """conv1x1(frames_to_channels(x, stride), weight) for a channels_last x [n*stride, C, H, W], as `stride` GEMMs
+    reading the frames where they are: [n, H*W, C] @ weight[:, j*C:(j+1)*C].T summed over j (fp32 accumulation
+    within each GEMM). Returns [n, C_out, H, W], channels_last."""
+    nt, c, h, w = x.shape
+    n = nt // stride
+    frames = x.permute(0, 2, 3, 1).reshape(n, stride, h * w, c)  # a view: channels_last memory is [frame, H, W, C]
+    slices = weight.reshape(weight.shape[0], stride, c)
+    out = torch.bmm(frames[:, 0], slices[:, 0].t().expand(n, -1, -1))
+    for j in range(1, stride):
+        out.baddbmm_(frames[:, j], slices[:, j].t().expand(n, -1, -1))
+    return out.view(n, h, w, -1).permute(0, 3, 1, 2)
 
 
 class TGrow(nn.Module):
