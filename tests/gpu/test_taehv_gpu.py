@@ -181,6 +181,19 @@ def test_chunked_decode_within_2x_of_torch_fp16_error(no_tf32):
     assert (uint8.float() - chunked.float().mul(255)).abs().max() <= 1
 
 
+def _peak_beyond_result(call, x: torch.Tensor) -> int:
+    """Peak GPU memory of call(x) beyond what was allocated before it (x included) and its result, after a warm-up
+    call (dispatch timing, cuDNN choices)."""
+    with torch.no_grad():
+        call(x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = call(x)
+        torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+
+
 def test_decode_video_memory_beyond_its_output_does_not_grow():
     """chunk_bytes of 4 latent frames' activations at 352x640: beyond its output, a clip and one 3x longer each need
     no more than the budget that sizes the chunks (the bound at any length). Eager calls: a replayed call's bound
@@ -191,15 +204,8 @@ def test_decode_video_memory_beyond_its_output_does_not_grow():
     model.chunk_bytes = 4 * per_latent
 
     def beyond_output(frames: int) -> int:
-        latents = torch.randn(1, frames, 48, 22, 40, device="cuda", dtype=torch.float16)
-        with torch.no_grad():
-            model.decode_video(latents)  # warm-up: dispatch timing, cuDNN choices
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            out = model.decode_video(latents)
-            torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+        return _peak_beyond_result(model.decode_video, torch.randn(1, frames, 48, 22, 40, device="cuda",
+                                                                    dtype=torch.float16))
 
     short, long = beyond_output(8), beyond_output(24)
     print(f"\nbeyond the output: 8 latents {short / 2**20:.0f} MiB, 24 latents {long / 2**20:.0f} MiB, "
@@ -243,15 +249,8 @@ def test_encode_video_memory_beyond_its_input_does_not_grow():
     model.chunk_bytes = 2.5 * per_latent
 
     def beyond(latent_frames: int) -> int:
-        video = torch.rand(1, 4 * latent_frames - 3, 3, 704, 1280, device="cuda", dtype=torch.float16)
-        with torch.no_grad():
-            model.encode_video(video)  # warm-up: dispatch timing, cuDNN choices
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            out = model.encode_video(video)
-            torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+        return _peak_beyond_result(model.encode_video, torch.rand(1, 4 * latent_frames - 3, 3, 704, 1280,
+                                                                  device="cuda", dtype=torch.float16))
 
     short, long = beyond(4), beyond(12)
     print(f"\nencode beyond its input: 4 latents {short / 2**20:.0f} MiB, 12 latents {long / 2**20:.0f} MiB, "
