@@ -248,7 +248,9 @@ def tune(job: dict, note: str = "") -> dict:
 
 
 def _now() -> str:
-    return time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+    """The time of day with milliseconds, for the log's lines (one clock reading for both parts)."""
+    t = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
 def _peak_mb() -> float:
