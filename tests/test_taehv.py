@@ -221,3 +221,22 @@ def test_pooled_frames_equal_the_fold_and_conv():
         got = _pooled_frames(x.contiguous(memory_format=torch.channels_last), weight, stride)
         assert got.shape == expected.shape and got.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_grown_frames_equal_the_conv_and_unfold():
+    """TGrow's CUDA path (a GEMM per output frame, written where the frame lies), run here on the CPU in float64:
+    equal to the 1x1 conv and unfold into frames it replaces, for time strides 2 and 4, over a poisoned output."""
+    from taesd_fast.models.taehv.layers import _grown_frames, channels_to_frames
+
+    gen = torch.Generator().manual_seed(12)
+    for stride in (2, 4):
+        x = torch.randn(3, 8, 5, 7, generator=gen, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+        weight = torch.randn(6 * stride, 8, 1, 1, generator=gen, dtype=torch.float64)
+        expected = channels_to_frames(torch.nn.functional.conv2d(x, weight), stride)
+        real_empty = torch.empty
+        poisoned = lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))  # noqa: E731
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch, "empty", poisoned)
+            got = _grown_frames(x, weight, stride)
+        assert got.shape == expected.shape and got.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -50,7 +50,7 @@ def group_units(decoder: nn.Sequential) -> dict[nn.Module, str]:
         if isinstance(m, (MemBlock, SuperMemBlock)):
             units[m] = f"stage {stage} {type(m).__name__}s ({m.conv[-1].out_channels} ch)"
         elif isinstance(m, TGrow):
-            units[m.conv] = f"stage {stage} TGrow 1x1 (x{m.stride} time)"
+            units[m] = f"stage {stage} TGrow 1x1 (x{m.stride} time)"
             stage += 1
         elif isinstance(m, DispatchConv2d):
             if m is convs[0]:

@@ -278,3 +278,29 @@ def test_pooled_frames_within_2x_of_cudnn_fp16(shape, no_tf32):
     print(f"\n{shape}: worst {worst:.3g}, cuDNN fp16 {cudnn_worst:.3g}; rel {_rel(got, expected):.3g}, "
           f"cuDNN {_rel(cudnn, expected):.3g}")
     assert worst <= 2 * cudnn_worst and _rel(got, expected) <= 2 * _rel(cudnn, expected)
+
+
+@pytest.mark.parametrize("shape", [(31, 128, 88, 160), (62, 64, 176, 320), (5, 64, 33, 47)])
+def test_grown_frames_within_2x_of_cudnn_fp16(shape, no_tf32, monkeypatch):
+    """TGrow's GEMMs written into each frame's rows (CUDA, channels_last) against float64, on fresh random inputs and
+    a NaN-poisoned output: within 2x of cuDNN's fp16 error for the 1x1 conv and unfold they replace, worst element
+    and relative."""
+    from taesd_fast.models.taehv.layers import TGrow, _grown_frames, channels_to_frames
+
+    gen = torch.Generator().manual_seed(shape[0] + 1)
+    grow = TGrow(shape[1], 2)
+    weight = torch.randn(grow.conv.weight.shape, generator=gen) / shape[1] ** 0.5
+    x = torch.randn(shape, generator=gen).relu()
+    expected = channels_to_frames(torch.nn.functional.conv2d(x.double(), weight.double()), 2)
+    x16 = x.cuda().half().contiguous(memory_format=torch.channels_last)
+    w16 = weight.cuda().half()
+    cudnn = channels_to_frames(torch.nn.functional.conv2d(x16, w16), 2)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    got = _grown_frames(x16, w16, 2)
+    monkeypatch.undo()
+    assert got.shape == expected.shape and got.is_contiguous(memory_format=torch.channels_last)
+    worst, cudnn_worst = ((t.double().cpu() - expected).abs().max().item() for t in (got, cudnn))
+    print(f"\n{shape}: worst {worst:.3g}, cuDNN fp16 {cudnn_worst:.3g}; rel {_rel(got, expected):.3g}, "
+          f"cuDNN {_rel(cudnn, expected):.3g}")
+    assert worst <= 2 * cudnn_worst and _rel(got, expected) <= 2 * _rel(cudnn, expected)

@@ -129,22 +129,40 @@ def _pooled_frames(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.
 class TGrow(nn.Module):
     """Bias-free 1x1 conv to stride*C channels, unfolded into `stride` consecutive frames. Key conv.weight.
 
-    With time upscaling switched off (`run` with stride 1) only the last frame's rows of the weight are used."""
+    On CUDA with a channels_last input the conv's output is never unfolded: each output frame is one cuBLAS GEMM
+    over its slice of the weight, written where that frame lies (TPool's path in reverse).
+
+    With time upscaling switched off (`upscale=False`) only the last frame's rows of the weight are used."""
 
     def __init__(self, n: int, stride: int):
         super().__init__()
         self.stride = stride
         self.conv = conv1x1(n, n * stride)
 
-    def run(self, x: torch.Tensor, upscale: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, upscale: bool = True) -> torch.Tensor:
         c = x.shape[1]
+        if upscale and self.stride > 1 and x.is_cuda and _channels_last(x):
+            return _grown_frames(x, self.conv.weight, self.stride)
         if upscale or self.stride == 1:
             return channels_to_frames(self.conv(x), self.stride)
         weight, _ = weight_rows(self.conv, slice(-c, None))
         return dispatch.conv2d(x, weight, None, layer=self.conv)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.run(x)
+
+def _grown_frames(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """channels_to_frames(conv1x1(x, weight), stride) for a channels_last x [n, C, H, W]: for each j < stride, frame
+    j of every run is [n, H*W, C] @ weight[j*C_out:(j+1)*C_out].T, a batched GEMM written straight into that frame's
+    rows of the output (batch stride stride*H*W*C_out, which cuBLAS takes as is: no copy). Returns
+    [n*stride, C_out, H, W], channels_last."""
+    n, c, h, w = x.shape
+    c_out = weight.shape[0] // stride
+    out = torch.empty((n * stride, c_out, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    rows = x.permute(0, 2, 3, 1).reshape(n, h * w, c)  # a view: channels_last memory is [frame, H, W, C]
+    frames = out.permute(0, 2, 3, 1).view(n, stride, h * w, c_out)
+    slices = weight.reshape(stride, c_out, c)
+    for j in range(stride):
+        torch.bmm(rows, slices[j].t().expand(n, -1, -1), out=frames[:, j])
+    return out
 
 
 def _channels_last(x: torch.Tensor) -> bool:
@@ -278,7 +296,7 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
             time_on = preview is None or preview.time[stage]
             space_on = preview is None or preview.space[stage]
             relu = i + 3 < len(modules) and isinstance(modules[i + 3], nn.ReLU)  # the last stage's conv
-            x = conv(grow.run(x, time_on), upsample=2 if space_on else 1, relu=relu)
+            x = conv(grow(x, time_on), upsample=2 if space_on else 1, relu=relu)
             stage += 1
             i += 4 if relu else 3
         elif isinstance(m, DispatchConv2d) and isinstance(nxt, nn.ReLU) and i + 2 < len(modules) \
@@ -290,7 +308,7 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
             else:
                 weight, bias = weight_rows(m, slice(0, None, 4))
                 x = dispatch.conv2d(x, weight, bias, relu=True, layer=m)
-            x = grow.run(x, time_on)
+            x = grow(x, time_on)
             stage += 1
             i += 4
         elif isinstance(m, DispatchConv2d):

@@ -406,16 +406,24 @@ class TAEHV(TinyAutoencoder):
                      skip: int = 0) -> torch.Tensor:
         """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked.
         Returns [N*k, 3, H, W]; with `into` ([N, k', 3, H, W]) writes the frames after the first `skip` of each
-        sample there instead (no frame-sized copy beyond the clamp's)."""
-        if self.patch_size > 1:
-            out = F.pixel_shuffle(out, self.patch_size)
+        sample there instead: the clamp reads `out` through the pixel shuffle's permutation and writes `into` in
+        one pass (no shuffled copy)."""
         if into is None:
+            if self.patch_size > 1:
+                out = F.pixel_shuffle(out, self.patch_size)
             out = out.clamp(0, 1)
             return out.mul(255).round().to(torch.uint8) if uint8 else out
-        frames = out.reshape(into.shape[0], -1, *out.shape[1:])[:, skip:]
+        n, k2, _, hh, ww = into.shape
+        p = self.patch_size
+        _, _, h, w = out.shape
+        # pixel_shuffle: channel c*p*p + dy*p + dx of (y, x) is pixel (y*p + dy, x*p + dx) of channel c.
+        frames = out.view(n, -1, 3, p, p, h, w)[:, skip:].permute(0, 1, 2, 5, 3, 6, 4)
+        target = into.view(n, k2, 3, h, p, w, p)
         if not uint8:
-            return torch.clamp(frames, 0, 1, out=into)
-        return into.copy_(frames.clamp(0, 1).mul_(255).round_())
+            torch.clamp(frames, 0, 1, out=target)
+        else:
+            target.copy_(frames.clamp(0, 1).mul_(255).round_())
+        return into
 
     # ------------------------------------------------------------------------------------------ helpers
 
