@@ -63,9 +63,23 @@ def capture(fn: Callable[[], torch.Tensor]):
 _capturing = 0  # > 0 inside capture(): a GraphCache there runs eagerly (its caller is being captured already)
 
 
+_warmup_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _warmup_stream() -> torch.cuda.Stream:
+    """The current device's side stream for capture warm-ups, one per device for the process: cuBLAS keeps a
+    workspace (32 MiB on Hopper) per stream it has run on until the process ends, so a new stream per capture
+    would leave one behind at every capture."""
+    device = torch.cuda.current_device()
+    stream = _warmup_streams.get(device)
+    if stream is None:
+        stream = _warmup_streams[device] = torch.cuda.Stream()
+    return stream
+
+
 def _capture(fn: Callable[[], torch.Tensor]):
     with dispatch.graph_timing():
-        stream = torch.cuda.Stream()
+        stream = _warmup_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):

@@ -228,3 +228,28 @@ def test_the_tuning_process_stops_its_workers_at_the_end_of_its_grace_period(mon
     finally:
         faulthandler.cancel_dump_traceback_later()  # the backstop gone() armed in this process
     assert calls == ["workers stopped", ("exit", 0)] and inbox.parent_gone
+
+
+@pytest.mark.parametrize("began", [False, True])
+def test_the_grace_period_counts_from_the_start_when_no_job_began(monkeypatch, began):
+    """A parent that went while the tuning process was still importing (seconds on a loaded machine) may have gone
+    at any moment since its start: with no job begun, the grace period ends EXIT_GRACE_S after the start (here long
+    past: at once). Once a job has begun, the parent's going was seen as it happened: the whole grace period."""
+    import faulthandler
+
+    from taesd_fast.dispatch import tune_worker
+
+    calls = []
+    monkeypatch.setattr(tune_worker.os, "_exit", lambda code: calls.append(("exit", code)))
+    inbox = tune_worker._Inbox(before_exit=lambda: calls.append("workers stopped"),
+                               started=time.time() - 2 * tune_worker.EXIT_GRACE_S)
+    if began:
+        inbox.heap.append((0, 0, {"id": 1}))
+        assert inbox.next() == {"id": 1}
+    try:
+        inbox.gone("test")
+        time.sleep(0.5)
+    finally:
+        inbox.timer.cancel()  # the whole grace period's exit must not fire after the test
+        faulthandler.cancel_dump_traceback_later()
+    assert calls == ([] if began else ["workers stopped", ("exit", 0)])

@@ -269,7 +269,7 @@ def test_table_is_pytorch_rows_plus_every_kernel_row():
     from taesd_fast.kernels import rows as kernel_rows
 
     assert [(r.kind, r.name) for r in dispatch.ROWS if not r.kernel] == [
-        ("conv2d", "torch"), ("head", "torch"), ("head_full", "torch")]
+        ("conv2d", "torch"), ("mem_conv", "torch"), ("head", "torch"), ("head_full", "torch")]
     assert [r for r in dispatch.ROWS if r.kernel] == kernel_rows.KERNEL_ROWS
     for k in kernel_rows.KERNEL_ROWS:
         assert dispatch.table.row(k.kind, k.name) is k and isinstance(k, dispatch.Row) and k.module

@@ -42,15 +42,16 @@ def head_full(x_shape, c_out=12, cache=True, dtype=BF16, patch=0, device="cuda:0
 def h200(monkeypatch):
     """Pretend the spec's device is an H200: sm_90, 132 SMs, Triton and NVRTC usable."""
     from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_fused, gluon_conv_narrow, gluon_conv_up,
-                                    gluon_fused, triton_conv, triton_conv_tma)
+                                    gluon_fused, triton_conv, triton_conv_tma, triton_mem_conv)
 
     monkeypatch.setattr(conv_launch, "is_sm90", lambda device: True)
     monkeypatch.setattr(gluon_fused, "is_sm90", lambda device: True)
     monkeypatch.setattr(triton_conv_tma, "capability", lambda device: (9, 0))
+    monkeypatch.setattr(triton_mem_conv, "capability", lambda device: (9, 0))
     monkeypatch.setattr(cuda_fused, "capability", lambda device: (9, 0))
     for m in (gluon_conv_up, gluon_conv_narrow):
         monkeypatch.setattr(m, "sm_count", lambda device: 132)
-    for m in (triton_conv, triton_conv_tma):
+    for m in (triton_conv, triton_conv_tma, triton_mem_conv):
         monkeypatch.setattr(m, "triton_unavailable_reason", lambda device: None)
     monkeypatch.setattr(cuda_fused, "_failure", [])
     monkeypatch.setattr(cuda_conv_rows, "_failure", [])
@@ -68,7 +69,7 @@ def test_table_lists_each_kernel_once_with_its_module_functions():
     for r in rows.KERNEL_ROWS:
         assert (r.kind, r.name) not in seen, r.name
         seen.add((r.kind, r.name))
-        assert r.kind in ("conv2d", "head", "head_full") and r.layouts and isinstance(r.nvrtc, bool)
+        assert r.kind in ("conv2d", "mem_conv", "head", "head_full") and r.layouts and isinstance(r.nvrtc, bool)
         assert (Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / f"{r.module}.py").is_file()
         assert r.module == (r.name if not r.name.startswith("simt_f16_") else "simt_conv"), "a row lives in its module"
     assert CONV_ROWS == ["triton_conv", "triton_conv_tma", "gluon_conv_rows", "gluon_conv_tile", "gluon_conv_up",
@@ -89,7 +90,9 @@ def test_cpu_specs_are_refused_without_importing_triton():
             "conv = Spec('conv2d', 'cpu', (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True, 'nchw')\n"
             "head = Spec('head', 'cpu', (1, 64, 6, 8, 8), (12, 64, 3, 3, 3), torch.bfloat16, 1, True, False, False, 'nchw')\n"
             "full = Spec('head_full', 'cpu', (1, 64, 4, 8, 8), (12, 64, 3, 3, 3), torch.bfloat16, 1, True, True, False, 'nchw')\n"
-            "spec = {'conv2d': conv, 'head': head, 'head_full': full}\n"
+            "mem = Spec('mem_conv', 'cpu', (4, 64, 8, 8), (64, 128, 3, 3), torch.float16, 1, True, True, True, "
+            "'nchw', frames=4)\n"
+            "spec = {'conv2d': conv, 'mem_conv': mem, 'head': head, 'head_full': full}\n"
             "print(sorted({r.supports(spec[r.kind]) for r in KERNEL_ROWS}), 'triton' in sys.modules)\n")
     root = str(Path(__file__).resolve().parents[1])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,

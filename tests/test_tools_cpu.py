@@ -245,6 +245,9 @@ def test_sanitizer_arguments_match_the_spec_the_rule_was_asked():
             if kind == "conv2d":
                 x, w, b, stride, residual, relu, upsample, pre_clamp = args
                 key = call_key(kind, x, w, b, stride, residual, relu, upsample, pre_clamp)
+            elif kind == "mem_conv":
+                x, memory, w, b, frames, relu = args
+                key = call_key(kind, x, w, b, 1, memory, relu, frames=frames)
             elif kind == "head":
                 key = call_key(kind, *args, 1, None, False)
             else:
@@ -266,8 +269,9 @@ def test_compile_check_compiles_the_triton_rows_for_hopper_without_a_gpu():
 
 
 def test_row_errors_names_the_call_with_one_wrong_element(monkeypatch, capsys):
-    """tools/row_errors.py on the CPU: with one element of every 256-channel conv's output pushed off, exactly those
-    calls head its list, at that element; the PyTorch calls around them show no error (fp32 on the CPU)."""
+    """tools/row_errors.py on the CPU: with one element of every 256-channel conv's output (memory-block convs
+    included) pushed off, exactly those calls head its list, at that element; the PyTorch calls around them show no
+    error (fp32 on the CPU)."""
     tool = load_tool(TOOLS / "row_errors.py")
     from taesd_fast.dispatch import calls
 
@@ -278,7 +282,7 @@ def test_row_errors_names_the_call_with_one_wrong_element(monkeypatch, capsys):
 
         def wrong(*a):
             out = run(*a).clone()
-            if key[0] == "conv2d" and out.shape[1] == 256:
+            if key[0] in ("conv2d", "mem_conv") and out.shape[1] == 256:
                 out[0, 5, 1, 2] += 0.5
             return out
         return wrong

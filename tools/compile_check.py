@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile the conv2d kernel rows for a GPU this machine does not have, and print what each compiled to.
+"""Compile the conv2d and mem_conv kernel rows for a GPU this machine does not have, and print what each compiled to.
 
     python3 tools/compile_check.py [--arch 90] [--rows triton_conv,gluon_conv_rows]
 
@@ -36,6 +36,7 @@ CASES = {
     "gluon_conv_tile": (1, 64, 64, 32, 32, 1),
     "gluon_conv_up": (1, 64, 64, 16, 32, 2),
     "gluon_conv_narrow": (1, 64, 3, 32, 64, 1),
+    "triton_mem_conv": (4, 64, 64, 16, 16, 1),  # B frames of one sample; the weight takes 2 x C_in (x and past)
 }
 
 
@@ -68,6 +69,10 @@ def check(name: str) -> str | None:
     x = torch.randn(B, c_in, H, W, generator=g).half().contiguous(memory_format=torch.channels_last)
     w = torch.randn(c_out, c_in, 3, 3, generator=g).half()
     try:
+        if name == "triton_mem_conv":  # kind mem_conv: x, the memory frame, a weight over both halves
+            w = torch.randn(c_out, 2 * c_in, 3, 3, generator=g).half()
+            module.mem_conv_launch(x, x[:1], w, torch.randn(c_out, generator=g).half(), B, True)
+            return None
         conv_op.launcher(name)(x, w, torch.randn(c_out, generator=g).half(), None, 1, True, up, False)
     except Exception as e:  # noqa: BLE001 - reported per row
         return f"{type(e).__name__}: " + " | ".join(str(e).strip().splitlines()[:6])[:600]
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         ap.error(f"unknown rows {unknown}: expected some of {', '.join(CASES)}")
-    known = {r.name for r in kernel_rows.KERNEL_ROWS if r.kind == "conv2d"}
+    known = {r.name for r in kernel_rows.KERNEL_ROWS if r.kind in ("conv2d", "mem_conv")}
     assert set(CASES) <= known, set(CASES) - known
     os.environ["TRITON_CACHE_DIR"] = cache = tempfile.mkdtemp(prefix="taesd_fast_compile_check_")
     compile_only(args.arch)

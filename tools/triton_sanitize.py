@@ -56,6 +56,9 @@ CASES: dict[tuple[str, str], list[tuple]] = {
     ("conv2d", "simt_f16_tile"): _SIMT,
     ("conv2d", "simt_f16_ocb4"): _SIMT,
     ("conv2d", "simt_f16_rb"): [_SIMT[0], (2, 64, 3, 17, 9, 1, 1, False, False, False, False)],  # stride 1 only
+    # mem_conv: (samples, frames per sample, C, C_out, H, W, memory, bias, relu); the weight takes 2C (x and past)
+    ("mem_conv", "triton_mem_conv"): [(1, 3, 64, 64, 19, 21, True, True, True),
+                                      (2, 2, 128, 160, 9, 11, False, False, True)],  # two column blocks
     ("head", "split_bf16"): [(2, 256, 6, 13, 21, 12, "nchw"),  # cuBLAS GEMM, pixel-major g
                              (1, 256, 3, 13, 21, 3, "channels_last")],  # cuDNN, dense g; C_out 3: scalar loads
     ("head_full", "cuda_fused"): _HEAD_FULL_HOPPER,
@@ -73,6 +76,10 @@ def case_spec(kind: str, name: str, case: tuple, device: str = "cuda:0") -> Spec
         layout = table.row(kind, name).layouts[0]
         return Spec(kind, device, (B, c_in, H, W), (c_out, c_in, 3, 3), torch.float16, stride, bias, residual, relu,
                     layout, up, clamp)
+    if kind == "mem_conv":
+        samples, frames, c, c_out, H, W, memory, bias, relu = case
+        return Spec(kind, device, (samples * frames, c, H, W), (c_out, 2 * c, 3, 3), torch.float16, 1, bias, memory,
+                    relu, "channels_last", frames=frames)
     if kind == "head":
         B, C, frames, H, W, c_out, layout = case
         return Spec(kind, device, (B, C, frames, H, W), (c_out, C, 3, 3, 3), torch.bfloat16, 1, True, False, False,
@@ -89,6 +96,8 @@ def describe(spec: Spec) -> str:
         return s + f" s{spec.stride} up{spec.upsample}{' clamp' if spec.pre_clamp else ''} {flags} {spec.layout}"
     if spec.kind == "head":
         return s + f" {spec.layout}"
+    if spec.kind == "mem_conv":
+        return s + f" frames={spec.frames} memory={spec.residual} bias={spec.bias} relu={spec.relu}"
     return s + f" cache={spec.residual} patch={spec.patch}"
 
 
@@ -106,6 +115,14 @@ def make_args(spec: Spec, seed: int, device: str = "cuda") -> tuple:
         b = (rnd(c_out) * 0.5).half() if spec.bias else None
         r = rnd(B, c_out, Ho, Wo).half().contiguous(memory_format=fmt) if spec.residual else None
         return x, w, b, spec.stride, r, spec.relu, spec.upsample, spec.pre_clamp
+    if spec.kind == "mem_conv":
+        n, c, H, W = spec.x_shape
+        cl = torch.channels_last
+        x = rnd(n, c, H, W).half().contiguous(memory_format=cl)
+        memory = rnd(n // spec.frames, c, H, W).half().contiguous(memory_format=cl) if spec.residual else None
+        w = (rnd(*spec.w_shape) / (3 * (2 * c) ** 0.5)).half()
+        b = (rnd(spec.w_shape[0]) * 0.5).half() if spec.bias else None
+        return x, memory, w, b, spec.frames, spec.relu
     c_out, C = spec.w_shape[:2]
     w = (rnd(*spec.w_shape) * (0.6 / (27 * C) ** 0.5)).bfloat16()
     b = (0.1 * rnd(c_out)).bfloat16()
@@ -168,7 +185,7 @@ def run_case(tally: Tally, row, spec: Spec, strict: bool) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = ap.add_mutually_exclusive_group()
-    group.add_argument("--conv-only", action="store_true", help="only the conv2d rows")
+    group.add_argument("--conv-only", action="store_true", help="only the conv2d and mem_conv rows")
     group.add_argument("--head-only", action="store_true", help="only the head and head_full rows")
     ap.add_argument("--rows", default="", help="comma-separated row names to run (default: every row)")
     args = ap.parse_args()
@@ -183,8 +200,8 @@ def main() -> int:
           flush=True)
     tally = Tally()
     for row in kernel_rows.KERNEL_ROWS:
-        if (wanted and row.name not in wanted) or (args.conv_only and row.kind != "conv2d") or (
-                args.head_only and row.kind == "conv2d"):
+        conv = row.kind in ("conv2d", "mem_conv")
+        if (wanted and row.name not in wanted) or (args.conv_only and not conv) or (args.head_only and conv):
             continue
         for case in CASES[(row.kind, row.name)]:
             run_case(tally, row, case_spec(row.kind, row.name, case), strict)

@@ -7,7 +7,7 @@
     decide.py     backend and tuning modes, decisions, the generation counter
     tuner.py      subprocess tuning, the user's side: sends calls' metadata, picks up the answers
     tune_worker.py  the tuning process itself (never imported by the user's process)
-    calls.py      conv2d / head_conv / head_full, the calls the model layers make
+    calls.py      conv2d / mem_conv / head_conv / head_full, the calls the model layers make
     report.py     dispatch_table, tune
 
 Importing this package touches no CUDA and imports no kernel module that needs Triton.
@@ -20,7 +20,7 @@ import torch
 from .. import kernel_env
 from ..kernels import rows as kernel_rows
 from . import decide, store, tuner
-from .calls import conv2d, head_conv, head_full
+from .calls import conv2d, head_conv, head_full, mem_conv
 from .decide import (
     MARGIN, MODES, TUNING_MODES, Record, backend, get_backend, get_tuning, graph_timing, set_backend, set_tuning,
     tuning,
@@ -33,7 +33,7 @@ from .torch_ops import soft_clamp
 from .tuner import TuningStatus
 
 __all__ = [
-    "conv2d", "head_conv", "head_full", "soft_clamp", "backend", "set_backend", "get_backend", "tuning",
+    "conv2d", "mem_conv", "head_conv", "head_full", "soft_clamp", "backend", "set_backend", "get_backend", "tuning",
     "set_tuning", "get_tuning", "graph_timing", "dispatch_table", "rows_of", "tune", "clear_cache", "generation",
     "wait_for_tuning", "tuning_status", "TuningStatus", "Spec", "Row", "ROWS", "DEFAULT_ORDER", "Record",
     "poll", "prepare", "store_timings", "MODES", "TUNING_MODES", "MARGIN",

@@ -1,4 +1,4 @@
-"""The dispatched calls: conv2d, head_conv, head_full. Each builds a plain key from its arguments and looks up the
+"""The dispatched calls: conv2d, mem_conv, head_conv, head_full. Each builds a plain key from its arguments and looks up the
 decision for it (one dict lookup per call, which torch.compile traces into a guard); on a miss it decides (decide.py)
 or, in subprocess tuning, runs PyTorch and sends the call's metadata to the tuning process (tuner.py). Each eager
 call first picks up what the tuning process has answered (`tuner.poll`, a list check)."""
@@ -80,6 +80,19 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int
     if state.mode == "torch" or _needs_grad(x, weight, bias, residual):
         return torch_ops.conv2d(*args)
     return _choose(call_key("conv2d", *args), args, layer)(*args)
+
+
+def mem_conv(x: Tensor, memory: Tensor | None, weight: Tensor, bias: Tensor | None, *, frames: int,
+             relu: bool = False, layer: nn.Module | None = None) -> Tensor:
+    """A TAEHV memory block's first conv: conv2d(cat([x, past], 1), weight, bias, padding=1) (ReLU'd if relu), where
+    x is [B*frames, C, H, W] (`frames` consecutive frames per sample, time-major), past is each frame's predecessor
+    within its sample, and memory [B, C, H, W] (zeros when None) stands before each sample's first frame. weight:
+    [C_out, 2C, 3, 3]. Kernels read the two halves where they are; PyTorch builds the concatenation. torch.compile
+    traces the PyTorch row (the kernel has no custom op to trace through)."""
+    args = (x, memory, weight, bias, frames, relu)
+    if state.mode == "torch" or _needs_grad(x, memory, weight, bias) or torch.compiler.is_compiling():
+        return torch_ops.mem_conv(*args)
+    return _choose(call_key("mem_conv", x, weight, bias, 1, memory, relu, frames=frames), args, layer)(*args)
 
 
 def head_conv(x: Tensor, weight: Tensor, bias: Tensor | None, *, layer: nn.Module | None = None) -> Tensor:

@@ -53,6 +53,9 @@ def fresh_args(kind: str, meta: tuple) -> tuple:
             x, w, b, stride, res, relu, *folds = meta
             return (_fresh(x, gen), _fresh(w, gen, _fan_in(w)), _fresh(b, gen, 0.1), stride, _fresh(res, gen), relu,
                     *folds)
+        if kind == "mem_conv":
+            x, memory, w, b, frames, relu = meta
+            return _fresh(x, gen), _fresh(memory, gen), _fresh(w, gen, _fan_in(w)), _fresh(b, gen, 0.1), frames, relu
         if kind == "head_full":
             x, cache, gamma, w, b, eps, patch = meta
             return (_fresh(x, gen), _fresh(cache, gen), _fresh(gamma, gen).add_(1.0), _fresh(w, gen, _fan_in(w)),

@@ -33,10 +33,11 @@ def dispatch_table(model: nn.Module) -> str:
     rows = []
     for name, r in rows_of(model):
         spec = r.spec
-        res = "cache" if spec.kind == "head_full" else "res"
+        res = {"head_full": "cache", "mem_conv": "memory"}.get(spec.kind, "res")
         flags = "+".join(f for f, on in (("clamp", spec.pre_clamp), ("up2", spec.upsample == 2), ("bias", spec.bias),
                                          (res, spec.residual), ("relu", spec.relu),
-                                         (f"unpatchify{spec.patch}", spec.patch)) if on)
+                                         (f"unpatchify{spec.patch}", spec.patch),
+                                         (f"past-of-{spec.frames}-frames", spec.frames)) if on)
         times = " ".join(f"{n}={t:.4f}" for n, t in sorted(r.ms.items(), key=lambda kv: kv[1]))
         rows.append([name, fmt_shape(spec.x_shape), fmt_shape(spec.w_shape), dtype_name(spec.dtype),
                      str(spec.stride), flags or "-", spec.layout, r.choice, r.why, times or "-"])

@@ -17,19 +17,21 @@ TIMING_METHOD = 2  # in the timings-file key: 2 = graph-replay GPU time (+ eager
 class Spec:
     """Everything a decision depends on; hashable, shapes as plain ints."""
 
-    kind: str  # "conv2d" | "head" | "head_full"
+    kind: str  # "conv2d" | "mem_conv" | "head" | "head_full"
     device: str  # "cpu", "cuda:0", ...
     x_shape: tuple
     w_shape: tuple
     dtype: torch.dtype
     stride: int
     bias: bool
-    residual: bool  # conv2d: a residual is added; head_full: a cache was given (the first chunk has none)
+    residual: bool  # conv2d: a residual is added; head_full: a cache was given (the first chunk has none); mem_conv:
+    # a memory frame was given (none at the start of a video)
     relu: bool
     layout: str  # "nchw" | "channels_last" | "strided"
     upsample: int = 1  # conv2d: nearest upsample of x by this factor before the conv (kernels fold it)
     pre_clamp: bool = False  # conv2d: soft clamp 3*tanh(x/3) of x before the conv (the decoder's Clamp)
     patch: int = 0  # head_full: unpatchify the output by this factor (0: none; kernels write the video directly)
+    frames: int = 0  # mem_conv: consecutive frames per sample in x (each frame's past is the one before it)
 
     @property
     def on_cuda(self) -> bool:
@@ -42,7 +44,8 @@ class Spec:
                 f"x{fmt_shape(self.x_shape)}|w{fmt_shape(self.w_shape)}|"
                 f"{dtype_name(self.dtype)}|s{self.stride}|{flags}|{self.layout}"
                 + (f"|u{self.upsample}" if self.upsample != 1 else "") + ("|clamp" if self.pre_clamp else "")
-                + (f"|p{self.patch}" if self.patch else "") + ("|graph" if graph else ""))
+                + (f"|p{self.patch}" if self.patch else "") + (f"|f{self.frames}" if self.frames else "")
+                + ("|graph" if graph else ""))
 
 
 def fmt_shape(shape) -> str:
@@ -59,17 +62,17 @@ def layout(x: Tensor) -> str:
     return "strided"
 
 
-def call_key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, patch=0) -> tuple:
+def call_key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, patch=0, frames=0) -> tuple:
     """Spec's fields as a plain tuple (same order), built on every call: the device and the shapes stay torch
     objects (hashing a torch.Size equals hashing the tuple); `spec_of` converts them on the slow path."""
     return (kind, x.device, x.shape, w.shape, x.dtype, stride, b is not None, residual is not None, relu, layout(x),
-            upsample, pre_clamp, patch)
+            upsample, pre_clamp, patch, frames)
 
 
 def spec_of(key: tuple) -> Spec:
-    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, lay, upsample, pre_clamp, patch = key
+    kind, device, x_shape, w_shape, dtype, stride, bias, residual, relu, lay, upsample, pre_clamp, patch, frames = key
     return Spec(kind, str(device), tuple(x_shape), tuple(w_shape), dtype, int(stride), bool(bias), bool(residual),
-                bool(relu), lay, int(upsample), bool(pre_clamp), int(patch))
+                bool(relu), lay, int(upsample), bool(pre_clamp), int(patch), int(frames))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ __all__ = ["DEFAULT_ORDER", "ROWS", "Row", "forced_order", "reference", "row", "
 _ANY = ("cpu", "cuda", "meta", "mps", "xpu")
 ROWS: list[Row] = [
     Row("torch", "conv2d", torch_ops.conv2d, kernel=False, devices=_ANY),
+    Row("torch", "mem_conv", torch_ops.mem_conv, kernel=False, devices=_ANY),
     Row("torch", "head", torch_ops.head, kernel=False, devices=_ANY),
     Row("torch", "head_full", torch_ops.head_full, kernel=False, devices=_ANY),
     *KERNEL_ROWS,

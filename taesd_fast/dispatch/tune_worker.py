@@ -15,7 +15,8 @@ TAESD_FAST_TUNING_MEMORY_MB, default 4096, and 10% of free memory) is not timed 
 allocator is capped at the budget too, so a wrong estimate fails a candidate, not the user's allocation.
 
 It exits when its queue has been empty for IDLE_EXIT_S, and when its parent goes (stdin closed or the parent
-process gone): it goes on with the jobs it has for at most EXIT_GRACE_S, so quick work is kept, then stops. Should
+process gone): it goes on with the jobs it has for at most EXIT_GRACE_S, so quick work is kept, then stops (at most
+EXIT_GRACE_S after its own start where the parent went before any job began: during its imports). Should
 the thread that ends it then not get the GIL (a call holding it), faulthandler's watchdog, a native thread, writes
 every thread's stack to the log and exits BACKSTOP_S later.
 """
@@ -45,11 +46,14 @@ DEFAULT_MEMORY_MB = 4096
 class _Inbox:
     """Jobs read from stdin, graph-replayed specs first; records when the parent has gone."""
 
-    def __init__(self, before_exit=lambda: None):
+    def __init__(self, before_exit=lambda: None, started: float | None = None):
         self.cv = threading.Condition()
         self.heap: list = []
         self.parent_gone = False
+        self.began = False  # a job has been handed out
+        self.timer: threading.Timer | None = None  # the grace period's exit, once the parent has gone
         self.before_exit = before_exit  # run just before the grace period's exit (stops the compile workers)
+        self.started = time.time() if started is None else started  # when the parent started this process
 
     def read(self, stream) -> None:
         for line in stream:
@@ -69,18 +73,21 @@ class _Inbox:
                 self.gone("the parent process exited")
 
     def gone(self, why: str) -> None:
-        """The parent closed stdin or died: go on for at most the grace period, then exit."""
+        """The parent closed stdin or died: go on for at most the grace period, then exit. Before any job began
+        (the parent went while this process was still importing, which takes seconds on a loaded machine) the
+        parent may have gone at any moment since the start, so the grace period counts from the start."""
         with self.cv:
             if self.parent_gone:
                 return
             self.parent_gone = True
             queued = len(self.heap)
+            grace = EXIT_GRACE_S if self.began else max(0.0, self.started + EXIT_GRACE_S - time.time())
             self.cv.notify_all()
-        print(f"{_now()} {why}: exiting within {EXIT_GRACE_S:.0f} s ({queued} jobs queued)", flush=True)
-        faulthandler.dump_traceback_later(EXIT_GRACE_S + BACKSTOP_S, exit=True)  # to stderr: the log
-        timer = threading.Timer(EXIT_GRACE_S, self._exit)
-        timer.daemon = True
-        timer.start()
+        print(f"{_now()} {why}: exiting within {grace:.1f} s ({queued} jobs queued)", flush=True)
+        faulthandler.dump_traceback_later(grace + BACKSTOP_S, exit=True)  # to stderr: the log
+        self.timer = threading.Timer(grace, self._exit)
+        self.timer.daemon = True
+        self.timer.start()
 
     def _exit(self) -> None:
         try:
@@ -94,6 +101,7 @@ class _Inbox:
             self.cv.wait_for(lambda: self.heap or self.parent_gone, IDLE_EXIT_S)
             if not self.heap:
                 return None
+            self.began = True
             return heapq.heappop(self.heap)[2]
 
     def queued(self) -> list[dict]:
@@ -271,11 +279,11 @@ def main(argv: list[str]) -> int:
         except OSError:  # the parent has gone: nobody to tell
             inbox.gone("the answer pipe closed")
 
+    started = os.environ.get("TAESD_FAST_TUNER_STARTED")
     compiles = _Compiles()
-    inbox = _Inbox(before_exit=compiles.close)
+    inbox = _Inbox(before_exit=compiles.close, started=float(started) if started else None)
     threading.Thread(target=inbox.read, args=(sys.stdin,), daemon=True).start()
     threading.Thread(target=inbox.watch, args=(os.getppid(),), daemon=True).start()
-    started = os.environ.get("TAESD_FAST_TUNER_STARTED")
     took = f", {time.time() - float(started):.1f} s after its start" if started else ""
     print(f"{_now()} tuning process {os.getpid()} ready{took}", flush=True)
     _setup_hook()

@@ -20,9 +20,10 @@ def _loaded(spec) -> bool:
 
 @dataclass(frozen=True)
 class Row:
-    """name: what the dispatcher, the timings file and the report call it. kind: "conv2d", "head" or "head_full",
-    which fixes the arguments of `run`: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp) -> y;
-    head (x, w, b) -> y; head_full (x, cache, gamma, w, b, eps, patch) -> (video, new cache).
+    """name: what the dispatcher, the timings file and the report call it. kind: "conv2d", "mem_conv", "head" or
+    "head_full", which fixes the arguments of `run`: conv2d (x, w, b, stride, residual, relu, upsample, pre_clamp)
+    -> y; mem_conv (x, memory, w, b, frames, relu) -> y; head (x, w, b) -> y; head_full (x, cache, gamma, w, b, eps,
+    patch) -> (video, new cache).
 
     supports(spec): None, or why the row cannot run the call (from the spec's fields alone). kernel: a custom
     kernel, which auto mode runs only where it was measured faster than PyTorch (False for the PyTorch rows).

@@ -63,7 +63,11 @@ class TAEHVArch:
 
 
 class MemBlock(nn.Module):
-    """relu(conv-relu-conv-relu-conv(cat[x, past]) + skip(x)). Keys conv.{0,2,4}.{weight,bias}, skip.weight."""
+    """relu(conv-relu-conv-relu-conv(cat[x, past]) + skip(x)). Keys conv.{0,2,4}.{weight,bias}, skip.weight.
+
+    The first conv is one `dispatch.mem_conv` call on x and the block's memory: a kernel row reads each frame's
+    past where it lies (the frame before it, or the memory frame), so neither the past frames nor the
+    concatenation are built."""
 
     def __init__(self, n_in: int, n_out: int):
         super().__init__()
@@ -72,9 +76,11 @@ class MemBlock(nn.Module):
         self.skip = conv1x1(n_in, n_out) if n_in != n_out else nn.Identity()
         self.act = nn.ReLU()
 
-    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None, frames: int) -> torch.Tensor:
+        """x: [B*frames, C, H, W], `frames` consecutive frames per sample; memory: [B, C, H, W], the block's input at
+        the frame before each sample's first (None: zeros, the start of a video)."""
         first, _, second, _, third = self.conv
-        h = first(torch.cat([x, past], 1), relu=True)
+        h = dispatch.mem_conv(x, memory, first.weight, first.bias, frames=frames, relu=True, layer=first)
         h = second(h, relu=True)
         return third(h, residual=self.skip(x), relu=True)
 
@@ -326,17 +332,18 @@ def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j:
     nt, c, h, w = x.shape
     k = nt // batch
     frames = x.reshape(batch, k, c, h, w)
-    past = torch.empty_like(x)  # keeps x's memory format (channels_last on CUDA)
-    shifted = past.view(batch, k, c, h, w)
+    if isinstance(block, MemBlock):
+        out = block(x, memory[j], k)
+    else:
+        past = torch.empty_like(x)  # keeps x's memory format (channels_last on CUDA)
+        shifted = past.view(batch, k, c, h, w)
+        shifted[:, 0] = 0 if memory[j] is None else memory[j]
+        shifted[:, 1:] = frames[:, :-1]
+        out = block(x, past)
     if memory[j] is None:
-        shifted[:, 0] = 0
         # A normal tensor even under inference_mode, so a later step outside it may update it in place.
         with torch.inference_mode(False):
             memory[j] = torch.empty_like(frames[:, -1])
-    else:
-        shifted[:, 0] = memory[j]
-    shifted[:, 1:] = frames[:, :-1]
-    out = block(x, past)
     memory[j].copy_(frames[:, -1])
     return out
 

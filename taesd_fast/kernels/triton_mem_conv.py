@@ -1,0 +1,176 @@
+"""The TAEHV memory block's first conv without its concatenation (row "triton_mem_conv", kind "mem_conv", Hopper+).
+
+A memory block convolves cat([x, past]) (3x3, 2C -> C_out), where `past` is x one frame earlier (each sample's first
+frame: the carried memory, or zeros at the start of a video). PyTorch builds `past` and the 2C-channel cat, two
+copies of the activations per block. This kernel reads both K halves where they already are: the x half from x's
+frame, the past half from the frame before it through the same NHWC TMA descriptor (the memory frame through a
+second one), into one accumulator. It is triton_conv_tma's implicit GEMM (tiles of TILE_H x TILE_W pixels, one
+TMA box per tap and channel chunk, the packed weight and fused epilogue shared with the other tensor-core convs),
+run as two launches: every frame but each sample's first (past from x), then the first frames (past from memory).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .conv_contract import f16_3x3_reason, new_out
+from .conv_epilogue import epilogue
+from .conv_launch import mark_launched, on_device, spec_launched
+from .conv_pack import Plan, packed_weight, plan
+from .device import capability
+from .tma_pdl import aligned_nhwc, pdl_args, pdl_start
+from .triton_conv_tma import TMAConfig, default_config
+from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
+
+if triton is not None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+NAME = "triton_mem_conv"
+MAX_CHANNELS = 256  # per half of the input, and out
+
+
+def mem_plan(c: int, c_out: int) -> Plan:
+    """The packed weight's plan for 2c input channels: K chunks of min(64, pow2(c)) channels, so that each chunk lies
+    wholly in x's half or the past's."""
+    return plan(2 * c, c_out, 1, min(64, 1 << max(0, (c - 1).bit_length())))
+
+
+def unsupported_reason(x_shape, w_shape, dtype, frames: int, device: torch.device) -> str | None:
+    """Why this kernel cannot take the call (None: it can), from shapes only."""
+    c_in, c_out = w_shape[1], w_shape[0]
+    if c_in % 2 or c_in // 2 != x_shape[1]:
+        return f"weight takes {c_in} channels, expected 2 x the input's {x_shape[1]} (x and its past)"
+    reason = f16_3x3_reason((x_shape[0], c_in, *x_shape[2:]), w_shape, dtype, 1, 2 * MAX_CHANNELS)
+    if reason is not None:
+        return reason
+    c = x_shape[1]
+    block_k = mem_plan(c, c_out).block_k
+    if c < 16 or c % block_k or c_out > MAX_CHANNELS:
+        return f"needs <= {MAX_CHANNELS} channels out and per half 16 or more, a multiple of {block_k}; got {c} -> {c_out}"
+    if frames < 1 or x_shape[0] % frames:
+        return f"{x_shape[0]} frames do not split into samples of {frames}"
+    if device.type == "cuda" and capability(device)[0] < 9:
+        return "TMA needs compute capability 9.0 (Hopper) or newer"
+    return None
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["H", "W", "TILES_Y", "TILES_X", "CNT", "T0", "K", "P_STRIDE", "P_SHIFT"])
+    def _mem_conv_kernel(
+        x_desc, p_desc, w_ptr, b_ptr, y_ptr,
+        H, W, TILES_Y, TILES_X,
+        CNT, T0, K, P_STRIDE, P_SHIFT,  # program image i: sample i // CNT, frame T0 + i % CNT of K per sample
+        C_OUT: tl.constexpr, N_PAD: tl.constexpr, HALF: tl.constexpr, HAS_PAST: tl.constexpr,
+        HAS_BIAS: tl.constexpr, RELU: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ):
+        pdl_start(PDL)
+        BLOCK_M: tl.constexpr = TILE_H * TILE_W
+        pid = tl.program_id(0)
+        tx = pid % TILES_X
+        t = pid // TILES_X
+        ty = t % TILES_Y
+        i = t // TILES_Y
+        sample = i // CNT
+        frame = T0 + i % CNT
+        x_img = sample * K + frame  # also the output frame
+        p_img = sample * P_STRIDE + frame - P_SHIFT
+        gy0 = ty * TILE_H
+        gx0 = tx * TILE_W
+        if C_OUT <= BLOCK_N:
+            rn = tl.arange(0, BLOCK_N)
+        else:
+            rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # Packed weight row (tap * 2 * HALF + chunk) * BLOCK_K + k: chunks 0..HALF-1 are x's, HALF..2*HALF-1 the past's.
+        for kk in range(9 * HALF):
+            tap = kk // HALF
+            chunk = kk % HALF
+            a = x_desc.load([x_img, gy0 - 1 + tap // 3, gx0 - 1 + tap % 3, chunk * BLOCK_K])
+            wt = tl.load(w_ptr + ((tap * 2 * HALF + chunk) * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
+            acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
+        if HAS_PAST:
+            for kk in range(9 * HALF):
+                tap = kk // HALF
+                chunk = kk % HALF
+                a = p_desc.load([p_img, gy0 - 1 + tap // 3, gx0 - 1 + tap % 3, chunk * BLOCK_K])
+                wt = tl.load(w_ptr + ((tap * 2 * HALF + HALF + chunk) * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
+                acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
+        rm = tl.arange(0, BLOCK_M)
+        gy = gy0 + rm // TILE_W
+        gx = gx0 + rm % TILE_W
+        m_ok = (gy < H) & (gx < W)
+        epilogue(acc, b_ptr, y_ptr, y_ptr, (x_img * H + gy) * W + gx, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, False,
+                 RELU)
+
+
+def mem_conv_launch(x: Tensor, memory: Tensor | None, w: Tensor, b: Tensor | None, frames: int, relu: bool,
+                    config: TMAConfig | None = None) -> Tensor:
+    """conv2d(cat([x, past]), w, b, padding=1) (ReLU'd if relu) for x [B*frames, C, H, W], where past is each
+    frame's predecessor within its sample and memory[s] ([B, C, H, W]; zeros when None) for sample s's first frame.
+    Returns the channels_last output. ValueError where the kernel cannot take the call."""
+    if triton is None:
+        raise RuntimeError(f"{NAME}: {TRITON_ERROR}")
+    reason = unsupported_reason(tuple(x.shape), tuple(w.shape), x.dtype, frames, x.device)
+    if reason is None and memory is not None and (memory.shape[0] * frames != x.shape[0]
+                                                   or memory.shape[1:] != x.shape[1:]):
+        reason = f"memory {tuple(memory.shape)} does not match x {tuple(x.shape)} in samples of {frames} frames"
+    if reason is not None:
+        raise ValueError(f"{NAME}: {reason}")
+    x = aligned_nhwc(x)
+    memory = None if memory is None else aligned_nhwc(memory.to(x.dtype))
+    copied = [] if b is None or b.is_contiguous() else ["bias copy"]
+    b = None if b is None else b.contiguous()
+    n, c, h, wd = x.shape
+    c_out = w.shape[0]
+    out = new_out((n, c_out, h, wd), x)
+    cfg = config or default_config(c_out)
+    p = mem_plan(c, c_out)
+    wp, packed_now = packed_weight(w, 1, p)
+    tile_h, tile_w = cfg.block_m // cfg.tile_w, cfg.tile_w
+    tiles_y, tiles_x = -(-h // tile_h), -(-wd // tile_w)
+    samples = n // frames
+    box = [1, tile_h, tile_w, p.block_k]
+    with on_device(x):
+        x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), box)
+        m_desc = x_desc if memory is None else TensorDescriptor.from_tensor(memory.permute(0, 2, 3, 1), box)
+        common = dict(C_OUT=c_out, N_PAD=p.n_pad, HALF=c // p.block_k, HAS_BIAS=b is not None, RELU=bool(relu),
+                      TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=p.block_n, BLOCK_K=p.block_k, num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages, **pdl_args(x, packed_now + copied))
+        bias = b if b is not None else wp
+        if frames > 1:  # every frame but the first of each sample: the past is x's previous frame
+            _mem_conv_kernel[(samples * (frames - 1) * tiles_y * tiles_x, p.n_pad // p.block_n)](
+                x_desc, x_desc, wp, bias, out, h, wd, tiles_y, tiles_x, frames - 1, 1, frames, frames, 1,
+                HAS_PAST=True, **common)
+        # each sample's first frame: the past is its memory frame (none at the start of a video)
+        _mem_conv_kernel[(samples * tiles_y * tiles_x, p.n_pad // p.block_n)](
+            x_desc, m_desc, wp, bias, out, h, wd, tiles_y, tiles_x, 1, 0, frames, 1, 0,
+            HAS_PAST=memory is not None, **common)
+    mark_launched(NAME, x, w, 1, 1, False, b is not None, memory is not None, relu, (cfg, tuple(x.shape), frames))
+    return out
+
+
+# --------------------------------------------------------------------------- the row
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA, Triton, then the kernel's limits."""
+    if not spec.device.startswith("cuda"):
+        return "CPU tensor"
+    if spec.layout != "channels_last":
+        return f"{spec.layout} input (reads channels_last)"
+    return triton_unavailable_reason(spec.device) or unsupported_reason(
+        spec.x_shape, spec.w_shape, spec.dtype, spec.frames, torch.device(spec.device))
+
+
+def spec_ready(spec) -> bool:
+    """True once this exact call shape was launched in this process (TMA launches specialise on the sizes)."""
+    return spec_launched(NAME, spec, (default_config(spec.w_shape[0]), tuple(spec.x_shape), spec.frames))
+
+
+def run(x: Tensor, memory: Tensor | None, w: Tensor, b: Tensor | None, frames: int, relu: bool) -> Tensor:
+    """The dispatcher's mem_conv entry."""
+    return mem_conv_launch(x, memory, w, b, frames, relu)
