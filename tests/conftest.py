@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -276,6 +279,34 @@ def isolated_dispatch(tmp_path, monkeypatch):
     """`private_dispatch` for one test."""
     with private_dispatch(tmp_path, monkeypatch):
         yield
+
+
+def report_cases(names, run_case) -> None:
+    """The child side of `interpret_cases`: one JSON line per case, `run_case(name)`'s dict or the error it raised,
+    so the parent names the failing case."""
+    for name in names:
+        try:
+            print(json.dumps(run_case(name)), flush=True)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+def interpret_cases(script: str, timeout: float = 300) -> dict:
+    """Run `script --interpret-cases` with TRITON_INTERPRET=1 (set before triton is imported; it turns every Triton
+    kernel of a process into Python, hence a process of its own) and return its JSON lines by "name". Skips the
+    test when triton is missing; fails it when the subprocess fails."""
+    try:
+        import triton  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"triton not installed ({type(e).__name__}: {e}): the interpreter checks need it")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, script, "--interpret-cases"], check=False, env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    results = {d["name"]: d for d in map(json.loads, filter(lambda ln: ln.startswith("{"), proc.stdout.splitlines()))}
+    if proc.returncode != 0 or not results:
+        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
+    return results
 
 
 def process_gone(pid: int, timeout: float) -> bool:

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import interpret_cases, report_cases
 
 from taesd_fast.kernels import conv_contract, conv_launch, conv_op, conv_pack, conv_schedule, triton_conv_tma, gluon_conv_tile
 from taesd_fast.kernels import triton_conv as tc
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
 
 
@@ -381,31 +379,14 @@ def _run_case(name: str) -> dict:
 def _child_main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     conv_contract.POISON_OUTPUT = True
-    for name in CASES:
-        try:
-            print(json.dumps(_run_case(name)), flush=True)
-        except Exception as e:  # report, so the parent names the failing case
-            print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+    report_cases(CASES, _run_case)
     print(json.dumps({"name": "__launched__", "count": len(conv_launch._launched)}), flush=True)
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    try:
-        import triton  # noqa: F401
-    except Exception as e:
-        pytest.skip(f"triton not installed ({type(e).__name__}: {e}): the interpreter checks need it")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, __file__, "--interpret-cases"], check=False, env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=180)
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            results[d["name"]] = d
-    if proc.returncode != 0 or "__launched__" not in results:
-        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
+    results = interpret_cases(__file__, timeout=180)
+    assert "__launched__" in results, "the interpreter subprocess stopped before its last case"
     return results
 
 

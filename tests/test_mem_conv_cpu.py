@@ -9,17 +9,14 @@ the memory frames differ from every frame of x, and the output is NaN-poisoned b
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import interpret_cases, report_cases
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last
 
 # (samples, frames per sample, C, C_out, H, W, memory, bias, relu, config (TMAConfig fields) or None)
@@ -77,26 +74,14 @@ def _child_main() -> None:
     from taesd_fast.kernels import conv_contract
 
     conv_contract.POISON_OUTPUT = True
-    for name in CASES:
-        try:
-            print(json.dumps(_run_case(name)), flush=True)
-        except Exception as e:  # report, so the parent names the failing case
-            print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+    report_cases(CASES, _run_case)
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    try:
-        import triton  # noqa: F401
-    except Exception as e:
-        pytest.skip(f"triton not installed ({type(e).__name__}: {e}): the interpreter checks need it")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, __file__, "--interpret-cases"], check=False, env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return {d["name"]: d for d in lines}
+    results = interpret_cases(__file__)
+    assert set(results) == set(CASES), "the interpreter subprocess stopped before its last case"
+    return results
 
 
 @pytest.mark.parametrize("name", list(CASES))
