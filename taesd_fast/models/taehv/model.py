@@ -305,7 +305,7 @@ class TAEHV(TinyAutoencoder):
         c, px, f = sizes_at(seq, 3 * p * p, h // p, w // p, cut, frames=td)
         gathered = c * px * f * size  # per latent frame
         low = live_elements(seq, 3 * p * p, h // p, w // p, frames=td, start=cut) * size
-        high = (live_elements(seq, 3 * p * p, h // p, w // p, frames=td, stop=cut) + 2 * 3 * h * w * td) * size
+        high = self._encoder_elements(h, w, stop=cut) * size
         long = max(1, int(min(total, self.chunk_bytes / (gathered + low), self.chunk_bytes / 2 / gathered)))
         short = max(1, int(min(long, (self.chunk_bytes - long * gathered) / high)))
         return long, short, cut
@@ -315,11 +315,15 @@ class TAEHV(TinyAutoencoder):
         seq = getattr(self, part)
         if part == "decoder":
             elements = live_elements(seq, self.latent_channels, h, w, preview=self.preview, output_copies=3)
-        else:  # t_downscale frames per latent, unshuffled into patches (the chunk's input and its copy count too)
-            p = self.patch_size
-            elements = live_elements(seq, 3 * p * p, h // p, w // p, frames=self.t_downscale) \
-                + 2 * 3 * h * w * self.t_downscale
+        else:
+            elements = self._encoder_elements(h, w)
         return elements * param.element_size()
+
+    def _encoder_elements(self, h: int, w: int, stop: int | None = None) -> int:
+        """Elements alive at once per latent frame in encoder[:stop] for an h x w video: t_downscale frames,
+        unshuffled into patches; the chunk's input frames and their copy count too."""
+        p, td = self.patch_size, self.t_downscale
+        return live_elements(self.encoder, 3 * p * p, h // p, w // p, frames=td, stop=stop) + 2 * 3 * h * w * td
 
     def _untrimmed(self, latent_frames: int | None) -> bool:
         """taecvx: upstream skips the startup trim for even latent counts (and always when streaming)."""
