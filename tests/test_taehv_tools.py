@@ -53,6 +53,19 @@ def test_profile_runs_on_cpu_and_counts_every_conv(variant, tmp_path, monkeypatc
     assert float(rows["**total**"][6]) == pytest.approx(counter.get_total_flops() / 1e9, rel=1e-3)
 
 
+def test_profile_lists_the_kernels_of_one_call(tmp_path, monkeypatch):
+    """--kernels N: a second table of the N costliest kernels (on the CPU: operators) of one call, then the rest."""
+    profile = load_tool(TOOLS / "profile_taehv.py")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    profile.main(["--device", "cpu", "--small", "--runs", "1", "--variant", "taew2_1", "--kernels", "3"])
+    report = (tmp_path / "profile_taehv_taew2_1.md").read_text()
+    table = report.split("| kernel | calls | ms | share |", 1)[1].splitlines()[2:]
+    assert len(table) == 4 and table[-1].startswith("| `(") and "others)`" in table[-1], table
+    assert "aten::" in table[0] and all(float(row.split("|")[3]) >= 0 for row in table), table
+    shares = [float(row.split("|")[4].strip().rstrip("%")) for row in table]
+    assert shares[0] >= shares[1] >= shares[2] and abs(sum(shares) - 100) < 0.5, shares
+
+
 def test_upstream_tool_refuses_a_wrong_path(tmp_path):
     tool = load_tool(TOOLS / "bench_upstream_taehv.py")
     with pytest.raises(SystemExit, match=r"^error: .* is not a file; pass the path of upstream's taehv.py"):

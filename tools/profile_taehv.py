@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-layer-group profile of a TAEHV `decode_video`: where the time goes, against the hardware's floors.
 
-    python3 tools/profile_taehv.py [--variant taew2_2] [--latents 31] [--size 704x1280] [--runs 7]
+    python3 tools/profile_taehv.py [--variant taew2_2] [--latents 31] [--size 704x1280] [--runs 7] [--kernels 20]
     python3 tools/profile_taehv.py --device cpu --small     (a smoke test: a tiny clip in fp32 on the CPU)
 
 Each layer group of the decoder (the first conv, each stage's memory blocks, TGrow's 1x1 conv, the upsample + 3x3
@@ -12,8 +12,9 @@ markdown table gives each group's ms, share, achieved TFLOP/s and GB/s, its FLOP
 torch.utils.flop_counter on the PyTorch path: 2 x multiply-adds of every conv) and bytes (each call's input, output
 and weight tensors once: what a fused group must move at least), and its floors at --peak-tflops (790: an H200's
 dense fp16) and --peak-gbs (4800). The decode without hooks is timed too (the events add a little). The model has
-random weights in the published layout (the time does not depend on them). With $OUT set, the table and log go
-there as profile_taehv_<variant>.md.
+random weights in the published layout (the time does not depend on them). --kernels N adds a second table: the
+N costliest kernels of one call as the user runs it (a whole-call CUDA-graph replay), by torch.profiler, which sees
+the copies and glue no group owns. With $OUT set, the tables go there as profile_taehv_<variant>.md.
 """
 
 from __future__ import annotations
@@ -143,9 +144,39 @@ def wall_ms(fn, cuda: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def kernel_rows(call, cuda: bool, top: int) -> list[str]:
+    """Markdown rows of where one call's time goes by kernel (torch.profiler, which adds a little time): on CUDA the
+    GPU kernels' own times, those inside a CUDA-graph replay included, summed by kernel name; on the CPU the
+    operators' self times. The `top` largest, then the rest in one row."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        call()
+        if cuda:
+            torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for event in prof.events():
+        if cuda and event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        entry = totals.setdefault(event.name, [0.0, 0])
+        entry[0] += (event.device_time if cuda else event.self_cpu_time_total) / 1e3
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    whole = sum(ms for ms, _ in totals.values()) or 1.0
+    rest = ranked[top:]
+    if rest:
+        ranked = ranked[:top] + [(f"({len(rest)} others)", [sum(v[0] for _, v in rest), sum(v[1] for _, v in rest)])]
+    lines = [f"{'GPU kernels' if cuda else 'CPU operators'} of one call (torch.profiler): {whole:.3f} ms in all", "",
+             "| kernel | calls | ms | share |", "|---|---|---|---|"]
+    lines += [f"| `{name[:100]}` | {n} | {ms:.3f} | {100 * ms / whole:.1f}% |" for name, (ms, n) in ranked]
+    return lines
+
+
 def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtype: torch.dtype, runs: int,
-            backend: str, peak_tflops: float, peak_gbs: float) -> str:
-    """The markdown report (header lines and the table) of one decode_video profile."""
+            backend: str, peak_tflops: float, peak_gbs: float, kernels: int = 0) -> str:
+    """The markdown report (header lines and the table) of one decode_video profile; with `kernels`, also the
+    table of the kernels one call (a replay, on CUDA) runs, the `kernels` largest by time."""
     cuda = device.startswith("cuda")
     model = random_decoder(variant).to(device=device, dtype=dtype)
     side = model.space_upscale
@@ -179,6 +210,7 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
         model.cuda_graphs = True
         decode(), decode()  # the second call captures the whole call
         replayed = statistics.median(wall_ms(decode, cuda) for _ in range(runs))
+        by_kernel = kernel_rows(decode, cuda, kernels) if kernels else []
         model.cuda_graphs = False
         rec = Recorder(units, cuda)
         rec.counting = True
@@ -206,7 +238,7 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
                           peak_tflops, peak_gbs))
     lines.append(_row("**total**", "", sum(rec.calls.values()), plain, plain, total_flop, total_bytes, peak_tflops,
                       peak_gbs))
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + by_kernel if by_kernel else []))
 
 
 def _row(label, res, calls, ms, total_ms, flop, nbytes, peak_tflops, peak_gbs) -> str:
@@ -238,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true", help="a tiny clip (3 latent frames, 32x48 per patch)")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--peak-gbs", type=float, default=4800.0)
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="also list the N costliest kernels of one call (a whole-call replay on CUDA), by name")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA GPU; use --device cpu")
@@ -249,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         p = VARIANTS[args.variant].patch_size
         latents, size = SMALL["latents"], (SMALL["size"][0] * p, SMALL["size"][1] * p)
     report = profile(args.variant, latents, size, args.device, dtype, args.runs, args.backend, args.peak_tflops,
-                     args.peak_gbs)
+                     args.peak_gbs, args.kernels)
     print(report, flush=True)
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / f"profile_taehv_{args.variant}.md"
