@@ -26,15 +26,21 @@ def conv2d(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> Tens
     return torch.relu(y) if relu else y
 
 
-def mem_conv(x, memory, w, b, frames, relu) -> Tensor:
-    """A memory block's first conv: conv2d(cat([x, past]), w, b) (ReLU'd if relu) for x [B*frames, C, H, W], past
-    being each frame's predecessor within its sample and memory [B, C, H, W] (zeros when None) before the first."""
+def past_frames(x: Tensor, memory: Tensor | None, frames: int) -> Tensor:
+    """For x [B*frames, C, H, W] (`frames` consecutive frames per sample): each frame's predecessor within its
+    sample, memory [B, C, H, W] (zeros when None) before each sample's first. Keeps x's memory format."""
     nt, c, h, wd = x.shape
-    past = torch.empty_like(x)  # keeps x's memory format (channels_last on CUDA)
+    past = torch.empty_like(x)
     shifted = past.view(nt // frames, frames, c, h, wd)
     shifted[:, 0] = 0 if memory is None else memory
     shifted[:, 1:] = x.view(nt // frames, frames, c, h, wd)[:, :-1]
-    return conv2d(torch.cat([x, past], 1), w, b, 1, None, relu)
+    return past
+
+
+def mem_conv(x, memory, w, b, frames, relu) -> Tensor:
+    """A memory block's first conv: conv2d(cat([x, past]), w, b) (ReLU'd if relu), past = past_frames(x, memory,
+    frames)."""
+    return conv2d(torch.cat([x, past_frames(x, memory, frames)], 1), w, b, 1, None, relu)
 
 
 def head(x, w, b) -> Tensor:

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import dispatch
+from ...dispatch.torch_ops import past_frames
 from ..layers import Clamp, DispatchConv2d, conv1x1, conv3x3
 
 BASE_WIDTHS = (256, 128, 64, 64)
@@ -332,14 +333,7 @@ def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j:
     nt, c, h, w = x.shape
     k = nt // batch
     frames = x.reshape(batch, k, c, h, w)
-    if isinstance(block, MemBlock):
-        out = block(x, memory[j], k)
-    else:
-        past = torch.empty_like(x)  # keeps x's memory format (channels_last on CUDA)
-        shifted = past.view(batch, k, c, h, w)
-        shifted[:, 0] = 0 if memory[j] is None else memory[j]
-        shifted[:, 1:] = frames[:, :-1]
-        out = block(x, past)
+    out = block(x, memory[j], k) if isinstance(block, MemBlock) else block(x, past_frames(x, memory[j], k))
     if memory[j] is None:
         # A normal tensor even under inference_mode, so a later step outside it may update it in place.
         with torch.inference_mode(False):
