@@ -1,7 +1,7 @@
-"""The dispatched calls: conv2d, mem_conv, head_conv, head_full. Each builds a plain key from its arguments and looks up the
-decision for it (one dict lookup per call, which torch.compile traces into a guard); on a miss it decides (decide.py)
-or, in subprocess tuning, runs PyTorch and sends the call's metadata to the tuning process (tuner.py). Each eager
-call first picks up what the tuning process has answered (`tuner.poll`, a list check)."""
+"""The dispatched calls: conv2d, mem_conv, head_conv, head_full. Each builds a plain key from its arguments and looks
+up the decision for it (one dict lookup per call, which torch.compile traces into a guard); on a miss it decides
+(decide.py) or, in subprocess tuning, runs PyTorch and sends the call's metadata to the tuning process (tuner.py).
+Each eager call first picks up what the tuning process has answered (`tuner.poll`, a list check)."""
 
 from __future__ import annotations
 

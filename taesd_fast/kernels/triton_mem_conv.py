@@ -47,7 +47,8 @@ def unsupported_reason(x_shape, w_shape, dtype, frames: int, device: torch.devic
     c = x_shape[1]
     block_k = mem_plan(c, c_out).block_k
     if c < 16 or c % block_k or c_out > MAX_CHANNELS:
-        return f"needs <= {MAX_CHANNELS} channels out and per half 16 or more, a multiple of {block_k}; got {c} -> {c_out}"
+        return (f"needs <= {MAX_CHANNELS} channels out and per half 16 or more, a multiple of {block_k}; "
+                f"got {c} -> {c_out}")
     if frames < 1 or x_shape[0] % frames:
         return f"{x_shape[0]} frames do not split into samples of {frames}"
     if device.type == "cuda" and capability(device)[0] < 9:

@@ -417,9 +417,8 @@ class TAEHV(TinyAutoencoder):
                 out = F.pixel_shuffle(out, self.patch_size)
             out = out.clamp(0, 1)
             return out.mul(255).round().to(torch.uint8) if uint8 else out
-        n, k2, _, hh, ww = into.shape
-        p = self.patch_size
-        _, _, h, w = out.shape
+        n, k2 = into.shape[:2]
+        p, (h, w) = self.patch_size, out.shape[2:]
         # pixel_shuffle: channel c*p*p + dy*p + dx of (y, x) is pixel (y*p + dy, x*p + dx) of channel c.
         frames = out.view(n, -1, 3, p, p, h, w)[:, skip:].permute(0, 1, 2, 5, 3, 6, 4)
         target = into.view(n, k2, 3, h, p, w, p)
