@@ -66,6 +66,26 @@ def test_profile_lists_the_kernels_of_one_call(tmp_path, monkeypatch):
     assert shares[0] >= shares[1] >= shares[2] and abs(sum(shares) - 100) < 0.5, shares
 
 
+def test_profile_of_the_streaming_step_counts_one_step(tmp_path, monkeypatch):
+    """--step: the groups cover one decode_step of one latent frame (its FLOPs are PyTorch's count of that step)."""
+    profile = load_tool(TOOLS / "profile_taehv.py")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    profile.main(["--device", "cpu", "--small", "--runs", "1", "--variant", "taew2_1", "--step", "--uint8"])
+    report = (tmp_path / "profile_taehv_taew2_1_step.md").read_text()
+    assert "decode_step (uint8): 1 latent frame -> (4, 3, 32, 48)" in report, report.splitlines()[0]
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = random_decoder("taew2_1")
+    z = torch.randn(1, model.latent_channels, 4, 6)
+    with torch.no_grad():
+        _, state = model.decode_step(z)
+        with FlopCounterMode(display=False) as counter:
+            model.decode_step(z, state)
+    assert float(_table(report)["**total**"][6]) == pytest.approx(counter.get_total_flops() / 1e9, rel=1e-3)
+    with pytest.raises(SystemExit):
+        profile.main(["--device", "cpu", "--small", "--uint8"])  # --uint8 without --step
+
+
 def test_upstream_tool_refuses_a_wrong_path(tmp_path):
     tool = load_tool(TOOLS / "bench_upstream_taehv.py")
     with pytest.raises(SystemExit, match=r"^error: .* is not a file; pass the path of upstream's taehv.py"):

@@ -2,6 +2,7 @@
 """Per-layer-group profile of a TAEHV `decode_video`: where the time goes, against the hardware's floors.
 
     python3 tools/profile_taehv.py [--variant taew2_2] [--latents 31] [--size 704x1280] [--runs 7] [--kernels 20]
+    python3 tools/profile_taehv.py --step [--uint8] [--variant taew2_1 --size 320x512] --kernels 30
     python3 tools/profile_taehv.py --device cpu --small     (a smoke test: a tiny clip in fp32 on the CPU)
 
 Each layer group of the decoder (the first conv, each stage's memory blocks, TGrow's 1x1 conv, the upsample + 3x3
@@ -14,7 +15,9 @@ and weight tensors once: what a fused group must move at least), and its floors 
 dense fp16) and --peak-gbs (4800). The decode without hooks is timed too (the events add a little). The model has
 random weights in the published layout (the time does not depend on them). --kernels N adds a second table: the
 N costliest kernels of one call as the user runs it (a whole-call CUDA-graph replay), by torch.profiler, which sees
-the copies and glue no group owns. With $OUT set, the tables go there as profile_taehv_<variant>.md.
+the copies and glue no group owns. --step profiles the streaming step instead: `decode_step` of one latent frame on
+a stream already under way (a replay of the step's graph where the table says replay), --uint8 with uint8 frames.
+With $OUT set, the tables go there as profile_taehv_<variant>[_step].md.
 """
 
 from __future__ import annotations
@@ -174,24 +177,34 @@ def kernel_rows(call, cuda: bool, top: int) -> list[str]:
 
 
 def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtype: torch.dtype, runs: int,
-            backend: str, peak_tflops: float, peak_gbs: float, kernels: int = 0) -> str:
-    """The markdown report (header lines and the table) of one decode_video profile; with `kernels`, also the
-    table of the kernels one call (a replay, on CUDA) runs, the `kernels` largest by time."""
+            backend: str, peak_tflops: float, peak_gbs: float, kernels: int = 0, step: bool = False,
+            uint8: bool = False) -> str:
+    """The markdown report (header lines and the table) of one decode_video profile (with `step`, of one
+    decode_step of one latent frame, uint8 frames with `uint8`); with `kernels`, also the table of the kernels
+    one call (a replay, on CUDA) runs, the `kernels` largest by time."""
     cuda = device.startswith("cuda")
     model = random_decoder(variant).to(device=device, dtype=dtype)
     side = model.space_upscale
     if size[0] % side or size[1] % side:
         raise SystemExit(f"error: --size {size[0]}x{size[1]} is not a multiple of {variant}'s {side} pixels per "
                          f"latent cell")
+    latents = 1 if step else latents
     z = torch.randn(1, latents, model.latent_channels, size[0] // side, size[1] // side, device=device, dtype=dtype)
     model.cuda_graphs = False  # the hooks' events time eager calls (a replay runs no hooks); replays timed below
     units = group_units(model.decoder)
     rec = Recorder(units, cuda)
-    decode = lambda: model.decode_video(z)  # noqa: E731  (the user's call)
+    stream = {"state": None}
+
+    def decode() -> torch.Tensor:  # the user's call
+        if not step:
+            return model.decode_video(z)
+        frames, stream["state"] = model.decode_step(z, stream["state"], uint8=uint8)
+        return frames
+
     with torch.no_grad(), dispatch.backend(backend), contextlib.ExitStack() as after_warmup:
         with dispatch.tuning("blocking"):
-            out = decode()
-            decode()  # warm-up: tuning, cuDNN choices, the allocator
+            decode()
+            out = decode()  # warm-up: tuning, cuDNN choices, the allocator (a step: past the first step's trim)
         # What the warm-up did not tune must not start a tuning process in the middle of the measurement.
         after_warmup.enter_context(dispatch.tuning("off"))
         rec.marks.clear()
@@ -208,7 +221,7 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
             peak_gb = (torch.cuda.max_memory_allocated() - base) / 1e9
         hooked = statistics.median(sum(r.values()) for r in runs_ms)
         model.cuda_graphs = True
-        decode(), decode()  # the second call captures the whole call
+        decode(), decode()  # the second call captures the whole call (a step: the step)
         replayed = statistics.median(wall_ms(decode, cuda) for _ in range(runs))
         by_kernel = kernel_rows(decode, cuda, kernels) if kernels else []
         model.cuda_graphs = False
@@ -220,12 +233,17 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
     groups = {label: statistics.median(r.get(label, 0.0) for r in runs_ms) for label in dict.fromkeys(units.values())}
     groups["other (past frames, pixel shuffle, clamp, output)"] = max(0.0, plain - sum(groups.values()))
     rec.bytes["other (past frames, pixel shuffle, clamp, output)"] = out.numel() * out.element_size()
-    outer, inner, _ = model._decode_chunks(latents, z.shape[-2], z.shape[-1], next(model.decoder.parameters()))
-    chunk = f"{outer} latent frames, then the last stage {inner} frames"
-    lines = [f"TAEHV {variant} decode_video: {latents} latent frames -> {tuple(out.shape[1:])} "
-             f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, chunks of {chunk}); "
-             f"{plain:.3f} ms per eager decode (median of {runs}), {hooked:.3f} ms with the hooks' events, "
-             f"{replayed:.3f} ms as a whole-call CUDA-graph replay (cuda_graphs, the default)"
+    if step:
+        call = f"decode_step{' (uint8)' if uint8 else ''}: 1 latent frame -> {tuple(out.shape[1:])}"
+        chunk = "one step"
+    else:
+        outer, inner, _ = model._decode_chunks(latents, z.shape[-2], z.shape[-1], next(model.decoder.parameters()))
+        call = f"decode_video: {latents} latent frames -> {tuple(out.shape[1:])}"
+        chunk = f"chunks of {outer} latent frames, then the last stage {inner} frames"
+    lines = [f"TAEHV {variant} {call} "
+             f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, {chunk}); "
+             f"{plain:.3f} ms per eager call (median of {runs}), {hooked:.3f} ms with the hooks' events, "
+             f"{replayed:.3f} ms as a CUDA-graph replay (cuda_graphs, the default)"
              + (f"; peak {peak_gb:.2f} GB beyond the model and latents" if cuda else ""),
              f"floors: {peak_tflops:g} TFLOP/s, {peak_gbs:g} GB/s", "",
              "| group | input HxW | calls | ms | share | TFLOP/s | GB/s | GFLOP | MB | FLOP floor ms | bytes floor ms |",
@@ -272,7 +290,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peak-gbs", type=float, default=4800.0)
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="also list the N costliest kernels of one call (a whole-call replay on CUDA), by name")
+    ap.add_argument("--step", action="store_true", help="profile decode_step of one latent frame, not decode_video")
+    ap.add_argument("--uint8", action="store_true", help="with --step: uint8 frames")
     args = ap.parse_args(argv)
+    if args.uint8 and not args.step:
+        ap.error("--uint8 goes with --step (decode_video returns float frames)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA GPU; use --device cpu")
     dtype = getattr(torch, args.dtype or ("float16" if args.device.startswith("cuda") else "float32"))
@@ -283,10 +305,10 @@ def main(argv: list[str] | None = None) -> None:
         p = VARIANTS[args.variant].patch_size
         latents, size = SMALL["latents"], (SMALL["size"][0] * p, SMALL["size"][1] * p)
     report = profile(args.variant, latents, size, args.device, dtype, args.runs, args.backend, args.peak_tflops,
-                     args.peak_gbs, args.kernels)
+                     args.peak_gbs, args.kernels, args.step, args.uint8)
     print(report, flush=True)
     if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / f"profile_taehv_{args.variant}.md"
+        path = Path(os.environ["OUT"]) / f"profile_taehv_{args.variant}{'_step' if args.step else ''}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report + "\n")
         print(f"written to {path}")
