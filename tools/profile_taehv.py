@@ -147,6 +147,24 @@ def wall_ms(fn, cuda: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def back_to_back(fn, cuda: bool, calls: int = 20) -> tuple[float, float]:
+    """(ms per call of `calls` calls issued back to back, the host's ms per call to issue them): where the host's
+    ms is below the first, the GPU's work sets the pace of a stream of calls."""
+    if cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) * 1e3 / calls
+    if not cuda:
+        return host, host
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls, host
+
+
 def kernel_rows(call, cuda: bool, top: int) -> list[str]:
     """Markdown rows of where one call's time goes by kernel (torch.profiler, which adds a little time): on CUDA the
     GPU kernels' own times, those inside a CUDA-graph replay included, summed by kernel name; on the CPU the
@@ -178,10 +196,11 @@ def kernel_rows(call, cuda: bool, top: int) -> list[str]:
 
 def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtype: torch.dtype, runs: int,
             backend: str, peak_tflops: float, peak_gbs: float, kernels: int = 0, step: bool = False,
-            uint8: bool = False) -> str:
+            uint8: bool = False, layers: bool = False) -> str:
     """The markdown report (header lines and the table) of one decode_video profile (with `step`, of one
     decode_step of one latent frame, uint8 frames with `uint8`); with `kernels`, also the table of the kernels
-    one call (a replay, on CUDA) runs, the `kernels` largest by time."""
+    one call (a replay, on CUDA) runs, the `kernels` largest by time; with `layers`, the dispatcher's table (the
+    row each conv ran and the timings that chose it)."""
     cuda = device.startswith("cuda")
     model = random_decoder(variant).to(device=device, dtype=dtype)
     side = model.space_upscale
@@ -205,6 +224,12 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
         with dispatch.tuning("blocking"):
             decode()
             out = decode()  # warm-up: tuning, cuDNN choices, the allocator (a step: past the first step's trim)
+            # The replayed call is decided from timings taken as graph replays (dispatch.graph_timing): the
+            # captures must happen here too, or the replay would run the untuned PyTorch rows.
+            model.cuda_graphs = True
+            for _ in range(4):  # eager, capture, and a recapture where the capture's tuning changed decisions
+                decode()
+            model.cuda_graphs = False
         # What the warm-up did not tune must not start a tuning process in the middle of the measurement.
         after_warmup.enter_context(dispatch.tuning("off"))
         rec.marks.clear()
@@ -221,8 +246,9 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
             peak_gb = (torch.cuda.max_memory_allocated() - base) / 1e9
         hooked = statistics.median(sum(r.values()) for r in runs_ms)
         model.cuda_graphs = True
-        decode(), decode()  # the second call captures the whole call (a step: the step)
+        decode(), decode()  # the graph captured above replays
         replayed = statistics.median(wall_ms(decode, cuda) for _ in range(runs))
+        streamed, host = back_to_back(decode, cuda)
         by_kernel = kernel_rows(decode, cuda, kernels) if kernels else []
         model.cuda_graphs = False
         rec = Recorder(units, cuda)
@@ -243,7 +269,8 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
     lines = [f"TAEHV {variant} {call} "
              f"({str(dtype).replace('torch.', '')}, {device}, backend {backend}, {chunk}); "
              f"{plain:.3f} ms per eager call (median of {runs}), {hooked:.3f} ms with the hooks' events, "
-             f"{replayed:.3f} ms as a CUDA-graph replay (cuda_graphs, the default)"
+             f"{replayed:.3f} ms as a CUDA-graph replay (cuda_graphs, the default; {streamed:.3f} ms per call back "
+             f"to back, the host {host:.3f} ms per call)"
              + (f"; peak {peak_gb:.2f} GB beyond the model and latents" if cuda else ""),
              f"floors: {peak_tflops:g} TFLOP/s, {peak_gbs:g} GB/s", "",
              "| group | input HxW | calls | ms | share | TFLOP/s | GB/s | GFLOP | MB | FLOP floor ms | bytes floor ms |",
@@ -256,7 +283,7 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
                           peak_tflops, peak_gbs))
     lines.append(_row("**total**", "", sum(rec.calls.values()), plain, plain, total_flop, total_bytes, peak_tflops,
                       peak_gbs))
-    return "\n".join(lines + ([""] + by_kernel if by_kernel else []))
+    return "\n".join(lines + ([""] + by_kernel if by_kernel else []) + (["", model.dispatch_table()] if layers else []))
 
 
 def _row(label, res, calls, ms, total_ms, flop, nbytes, peak_tflops, peak_gbs) -> str:
@@ -292,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="also list the N costliest kernels of one call (a whole-call replay on CUDA), by name")
     ap.add_argument("--step", action="store_true", help="profile decode_step of one latent frame, not decode_video")
     ap.add_argument("--uint8", action="store_true", help="with --step: uint8 frames")
+    ap.add_argument("--table", action="store_true", help="also the dispatcher's per-layer table")
     args = ap.parse_args(argv)
     if args.uint8 and not args.step:
         ap.error("--uint8 goes with --step (decode_video returns float frames)")
@@ -305,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         p = VARIANTS[args.variant].patch_size
         latents, size = SMALL["latents"], (SMALL["size"][0] * p, SMALL["size"][1] * p)
     report = profile(args.variant, latents, size, args.device, dtype, args.runs, args.backend, args.peak_tflops,
-                     args.peak_gbs, args.kernels, args.step, args.uint8)
+                     args.peak_gbs, args.kernels, args.step, args.uint8, args.table)
     print(report, flush=True)
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / f"profile_taehv_{args.variant}{'_step' if args.step else ''}.md"
