@@ -58,9 +58,9 @@ if [ "$TEST_S" != 0 ]; then  # five groups of test files at once (compiles are C
   group head $G/test_head_fused_gpu.py $G/test_head_kernels.py $G/test_head_module_gpu.py &
   group conv_rows $G/test_conv_rows_gpu.py $G/test_conv_tc_gpu.py $G/test_compile_pool_gpu.py &
   group conv_taesd $G/test_conv_kernels.py $G/test_taesd_kernels_gpu.py $G/test_value_range_gpu.py $G/test_dispatch_gpu.py \
-    $G/test_taehv_real_size_gpu.py $G/test_mem_conv_gpu.py &
+    $G/test_taehv_real_size_gpu.py $G/test_mem_conv_gpu.py $G/test_triton_frames_gpu.py &
   wait
-  left=$(ls $G/test_*.py | grep -v -E "test_(tuning|taehv|taehv_real_size|taehv_video_graphs|graphs|dispatch|head_fused|head_kernels|head_module|conv_rows|conv_tc|compile_pool|conv_kernels|taesd_kernels|value_range|mem_conv)_?gpu|test_(head_kernels|conv_kernels)\.py")
+  left=$(ls $G/test_*.py | grep -v -E "test_(tuning|taehv|taehv_real_size|taehv_video_graphs|graphs|dispatch|head_fused|head_kernels|head_module|conv_rows|conv_tc|compile_pool|conv_kernels|taesd_kernels|value_range|mem_conv|triton_frames)_?gpu|test_(head_kernels|conv_kernels)\.py")
   [ -z "$left" ] || echo "GPU test files in no group (add them above): $left"
 fi
 if [ -n "$CONV_TC" ]; then

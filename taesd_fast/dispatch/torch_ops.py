@@ -28,8 +28,11 @@ def conv2d(x, w, b, stride, residual, relu, upsample=1, pre_clamp=False) -> Tens
 
 def past_frames(x: Tensor, memory: Tensor | None, frames: int) -> Tensor:
     """For x [B*frames, C, H, W] (`frames` consecutive frames per sample): each frame's predecessor within its
-    sample, memory [B, C, H, W] (zeros when None) before each sample's first. Keeps x's memory format."""
+    sample, memory [B, C, H, W] (zeros when None) before each sample's first. Keeps x's memory format. With one
+    frame per sample (a streaming step) the past is the memory itself, returned as is (callers only read it)."""
     nt, c, h, wd = x.shape
+    if frames == 1 and memory is not None and memory.dtype == x.dtype and memory.stride() == x.stride():
+        return memory
     past = torch.empty_like(x)
     shifted = past.view(nt // frames, frames, c, h, wd)
     shifted[:, 0] = 0 if memory is None else memory

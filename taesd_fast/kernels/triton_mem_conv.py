@@ -6,7 +6,8 @@ copies of the activations per block. This kernel reads both K halves where they 
 frame, the past half from the frame before it through the same NHWC TMA descriptor (the memory frame through a
 second one), into one accumulator. It is triton_conv_tma's implicit GEMM (tiles of TILE_H x TILE_W pixels, one
 TMA box per tap and channel chunk, the packed weight and fused epilogue shared with the other tensor-core convs),
-run as two launches: every frame but each sample's first (past from x), then the first frames (past from memory).
+in one launch over every frame: each program reads its frame's past from x or, for a sample's first frame, from
+the memory (one launch fills the GPU's waves where two, one per source, each left a partly empty last wave).
 """
 
 from __future__ import annotations
@@ -58,12 +59,24 @@ def unsupported_reason(x_shape, w_shape, dtype, frames: int, device: torch.devic
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["H", "W", "TILES_Y", "TILES_X", "CNT", "T0", "K", "P_STRIDE", "P_SHIFT"])
+    @triton.jit
+    def _half(acc, desc, img, gy0, gx0, w_ptr, rk, rn, FIRST: tl.constexpr, HALF: tl.constexpr, N_PAD: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """acc + one K half: frame `img` of desc (x, its previous frame, or the memory) times the packed weight's
+        chunks FIRST..FIRST+HALF-1 of every tap."""
+        for kk in range(9 * HALF):
+            tap = kk // HALF
+            chunk = kk % HALF
+            a = desc.load([img, gy0 - 1 + tap // 3, gx0 - 1 + tap % 3, chunk * BLOCK_K])
+            wt = tl.load(w_ptr + ((tap * 2 * HALF + FIRST + chunk) * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
+            acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
+        return acc
+
+    @triton.jit(do_not_specialize=["H", "W", "TILES_Y", "TILES_X", "K"])
     def _mem_conv_kernel(
-        x_desc, p_desc, w_ptr, b_ptr, y_ptr,
-        H, W, TILES_Y, TILES_X,
-        CNT, T0, K, P_STRIDE, P_SHIFT,  # program image i: sample i // CNT, frame T0 + i % CNT of K per sample
-        C_OUT: tl.constexpr, N_PAD: tl.constexpr, HALF: tl.constexpr, HAS_PAST: tl.constexpr,
+        x_desc, m_desc, w_ptr, b_ptr, y_ptr,
+        H, W, TILES_Y, TILES_X, K,  # K frames per sample
+        C_OUT: tl.constexpr, N_PAD: tl.constexpr, HALF: tl.constexpr, HAS_MEMORY: tl.constexpr,
         HAS_BIAS: tl.constexpr, RELU: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
@@ -73,11 +86,8 @@ if triton is not None:
         tx = pid % TILES_X
         t = pid // TILES_X
         ty = t % TILES_Y
-        i = t // TILES_Y
-        sample = i // CNT
-        frame = T0 + i % CNT
-        x_img = sample * K + frame  # also the output frame
-        p_img = sample * P_STRIDE + frame - P_SHIFT
+        img = t // TILES_Y  # x's frame, also the output frame
+        sample = img // K
         gy0 = ty * TILE_H
         gx0 = tx * TILE_W
         if C_OUT <= BLOCK_N:
@@ -87,24 +97,16 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # Packed weight row (tap * 2 * HALF + chunk) * BLOCK_K + k: chunks 0..HALF-1 are x's, HALF..2*HALF-1 the past's.
-        for kk in range(9 * HALF):
-            tap = kk // HALF
-            chunk = kk % HALF
-            a = x_desc.load([x_img, gy0 - 1 + tap // 3, gx0 - 1 + tap % 3, chunk * BLOCK_K])
-            wt = tl.load(w_ptr + ((tap * 2 * HALF + chunk) * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
-            acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
-        if HAS_PAST:
-            for kk in range(9 * HALF):
-                tap = kk // HALF
-                chunk = kk % HALF
-                a = p_desc.load([p_img, gy0 - 1 + tap // 3, gx0 - 1 + tap % 3, chunk * BLOCK_K])
-                wt = tl.load(w_ptr + ((tap * 2 * HALF + HALF + chunk) * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
-                acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
+        acc = _half(acc, x_desc, img, gy0, gx0, w_ptr, rk, rn, 0, HALF, N_PAD, BLOCK_M, BLOCK_K)
+        if img % K != 0:  # the past is x's previous frame
+            acc = _half(acc, x_desc, img - 1, gy0, gx0, w_ptr, rk, rn, HALF, HALF, N_PAD, BLOCK_M, BLOCK_K)
+        elif HAS_MEMORY:  # a sample's first frame: the past is its memory frame (zeros without one)
+            acc = _half(acc, m_desc, sample, gy0, gx0, w_ptr, rk, rn, HALF, HALF, N_PAD, BLOCK_M, BLOCK_K)
         rm = tl.arange(0, BLOCK_M)
         gy = gy0 + rm // TILE_W
         gx = gx0 + rm % TILE_W
         m_ok = (gy < H) & (gx < W)
-        epilogue(acc, b_ptr, y_ptr, y_ptr, (x_img * H + gy) * W + gx, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, False,
+        epilogue(acc, b_ptr, y_ptr, y_ptr, (img * H + gy) * W + gx, m_ok, rn, C_OUT, BLOCK_N, HAS_BIAS, False,
                  RELU)
 
 
@@ -133,23 +135,16 @@ def mem_conv_launch(x: Tensor, memory: Tensor | None, w: Tensor, b: Tensor | Non
     wp, packed_now = packed_weight(w, 1, p)
     tile_h, tile_w = cfg.block_m // cfg.tile_w, cfg.tile_w
     tiles_y, tiles_x = -(-h // tile_h), -(-wd // tile_w)
-    samples = n // frames
     box = [1, tile_h, tile_w, p.block_k]
     with on_device(x):
         x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), box)
         m_desc = x_desc if memory is None else TensorDescriptor.from_tensor(memory.permute(0, 2, 3, 1), box)
-        common = dict(C_OUT=c_out, N_PAD=p.n_pad, HALF=c // p.block_k, HAS_BIAS=b is not None, RELU=bool(relu),
-                      TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=p.block_n, BLOCK_K=p.block_k, num_warps=cfg.num_warps,
-                      num_stages=cfg.num_stages, **pdl_args(x, packed_now + copied))
         bias = b if b is not None else wp
-        if frames > 1:  # every frame but the first of each sample: the past is x's previous frame
-            _mem_conv_kernel[(samples * (frames - 1) * tiles_y * tiles_x, p.n_pad // p.block_n)](
-                x_desc, x_desc, wp, bias, out, h, wd, tiles_y, tiles_x, frames - 1, 1, frames, frames, 1,
-                HAS_PAST=True, **common)
-        # each sample's first frame: the past is its memory frame (none at the start of a video)
-        _mem_conv_kernel[(samples * tiles_y * tiles_x, p.n_pad // p.block_n)](
-            x_desc, m_desc, wp, bias, out, h, wd, tiles_y, tiles_x, 1, 0, frames, 1, 0,
-            HAS_PAST=memory is not None, **common)
+        _mem_conv_kernel[(n * tiles_y * tiles_x, p.n_pad // p.block_n)](
+            x_desc, m_desc, wp, bias, out, h, wd, tiles_y, tiles_x, frames,
+            C_OUT=c_out, N_PAD=p.n_pad, HALF=c // p.block_k, HAS_MEMORY=memory is not None, HAS_BIAS=b is not None,
+            RELU=bool(relu), TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now + copied))
     mark_launched(NAME, x, w, 1, 1, False, b is not None, memory is not None, relu, (cfg, tuple(x.shape), frames))
     return out
 

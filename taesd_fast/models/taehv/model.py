@@ -395,7 +395,13 @@ class TAEHV(TinyAutoencoder):
 
         def step(inp: torch.Tensor) -> torch.Tensor:
             out = run_sequence(seq, inp, batch, state.memory, preview)
-            return self._postprocess(out, uint8) if post else out
+            if not post:
+                return out
+            nk, _, h, w = out.shape
+            p = self.patch_size
+            frames = torch.empty((batch, nk // batch, 3, h * p, w * p), device=out.device,
+                                 dtype=torch.uint8 if uint8 else out.dtype)
+            return self._postprocess(out, uint8, into=frames).flatten(0, 1)
 
         with torch.no_grad():
             if not (self.cuda_graphs and replayable(x)):
@@ -406,17 +412,15 @@ class TAEHV(TinyAutoencoder):
         state.steps += 1
         return out
 
-    def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor | None = None,
-                     skip: int = 0) -> torch.Tensor:
-        """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked.
-        Returns [N*k, 3, H, W]; with `into` ([N, k', 3, H, W]) writes the frames after the first `skip` of each
-        sample there instead: the clamp reads `out` through the pixel shuffle's permutation and writes `into` in
-        one pass (no shuffled copy)."""
-        if into is None:
-            if self.patch_size > 1:
-                out = F.pixel_shuffle(out, self.patch_size)
-            out = out.clamp(0, 1)
-            return out.mul(255).round().to(torch.uint8) if uint8 else out
+    def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor, skip: int = 0) -> torch.Tensor:
+        """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked, written
+        into `into` ([N, k - skip, 3, H, W]) without the first `skip` frames of each sample. Returns `into`. On CUDA
+        one Triton pass (kernels/triton_frames.py); else the clamp reads `out` through the pixel shuffle's
+        permutation and writes `into` (no shuffled copy). Both give the same values."""
+        if _frames_kernel_takes(out, into, self.patch_size):
+            from ...kernels.triton_frames import write_frames
+
+            return write_frames(out, into, self.patch_size, skip)
         n, k2 = into.shape[:2]
         p, (h, w) = self.patch_size, out.shape[2:]
         # pixel_shuffle: channel c*p*p + dy*p + dx of (y, x) is pixel (y*p + dy, x*p + dx) of channel c.
@@ -443,6 +447,16 @@ class TAEHV(TinyAutoencoder):
 
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, {self.arch.describe()}"
+
+
+def _frames_kernel_takes(out: torch.Tensor, into: torch.Tensor, patch: int) -> bool:
+    """Whether the output frames go through the Triton pass: on CUDA, outside torch.compile (which traces the PyTorch
+    ops) and outside the dispatcher's "torch" backend (PyTorch only), where the kernel supports the call."""
+    if not out.is_cuda or torch.compiler.is_compiling() or dispatch.get_backend() == "torch":
+        return False
+    from ...kernels.triton_frames import unsupported_reason
+
+    return unsupported_reason(out, into, patch) is None
 
 
 def _stride_product(strides, flags) -> int:
