@@ -291,10 +291,11 @@ def report_cases(names, run_case) -> None:
             print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
 
 
-def interpret_cases(script: str, timeout: float = 300) -> dict:
+def interpret_cases(script: str, expected, timeout: float = 300) -> dict:
     """Run `script --interpret-cases` with TRITON_INTERPRET=1 (set before triton is imported; it turns every Triton
     kernel of a process into Python, hence a process of its own) and return its JSON lines by "name". Skips the
-    test when triton is missing; fails it when the subprocess fails."""
+    test when triton is missing; fails it when the subprocess fails or its names are not exactly `expected` (a
+    missing one: the subprocess stopped before it)."""
     try:
         import triton  # noqa: F401
     except Exception as e:
@@ -306,6 +307,9 @@ def interpret_cases(script: str, timeout: float = 300) -> dict:
     results = {d["name"]: d for d in map(json.loads, filter(lambda ln: ln.startswith("{"), proc.stdout.splitlines()))}
     if proc.returncode != 0 or not results:
         pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
+    missing = [name for name in expected if name not in results]
+    assert not missing, f"the interpreter subprocess stopped before its last case (no line for {missing})"
+    assert set(results) == set(expected), f"unexpected case lines: {sorted(set(results) - set(expected))}"
     return results
 
 
