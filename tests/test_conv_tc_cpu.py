@@ -249,6 +249,19 @@ def test_tma_variant_says_where_it_does_not_apply():
         triton_conv_tma.conv3x3_tma_launch(x, w, b, None, 1, True)
 
 
+def test_tma_config_follows_the_grid():
+    """triton_conv_tma keeps two-stage 128-wide channel blocks where its programs give every SM one, and takes 64-wide
+    blocks, four stages deep, below that (one frame of TAEHV's 256-channel stage at 44x80: 30 tiles, 60 programs)."""
+    cpu = torch.device("cpu")
+    base = triton_conv_tma.default_config(256)
+    assert (base.block_n, base.num_stages) == (0, 2)
+    assert triton_conv_tma.shape_config(256, (23, 256, 44, 80), 1, cpu) == base
+    assert triton_conv_tma.shape_config(256, (1, 256, 44, 80), 1, cpu) == triton_conv_tma.TMAConfig(
+        128, 4, 4, 16, block_n=64)
+    assert triton_conv_tma.shape_config(64, (1, 64, 44, 80), 1, cpu) == triton_conv_tma.default_config(64)
+    assert triton_conv_tma.grid_tiles((1, 256, 44, 80), 2) == 4 * 6 * 5  # per phase of the upsample fold
+
+
 def test_tma_operands_are_copied_to_an_aligned_base():
     """TMA needs a 16-byte aligned base: a channels_last view starting 2 bytes into its buffer is copied (same
     values), an aligned one is used as it is."""
@@ -345,6 +358,8 @@ CASES = {
     "tma_64to3": (1, 64, 3, 6, 5, 1, 1, True, False, False, False, (64, 4, 2, 16), "cl"),
     "tma_persistent_up2": (2, 64, 64, 9, 7, 1, 2, True, True, True, False, (16, 4, 2, 8, 1), "cl"),
     "tma_nchw_input": (1, 16, 32, 5, 6, 1, 1, True, True, False, False, None, "nchw"),
+    "tma_256to256_small_grid_default": (1, 32, 256, 4, 6, 1, 1, True, True, True, False, None, "cl"),
+    "tma_128to192_64_wide_blocks": (1, 64, 192, 5, 6, 1, 1, True, True, True, False, (32, 4, 3, 8, 0, 64), "cl"),
 }
 
 

@@ -25,6 +25,8 @@ CASES = {
     "two_samples_no_memory": (2, 3, 16, 48, 6, 9, False, True, False, (32, 4, 2, 8)),
     "one_frame_step": (2, 1, 32, 32, 4, 5, True, False, True, (16, 4, 2, 8)),
     "128to160_two_column_blocks": (1, 2, 128, 160, 3, 5, True, True, True, (16, 4, 2, 8)),
+    "one_frame_256_out_small_grid_default": (1, 1, 32, 256, 4, 5, True, True, True, None),
+    "one_frame_64_wide_blocks": (2, 1, 32, 192, 3, 5, True, True, True, (32, 4, 3, 8, 0, 64)),
 }
 
 
@@ -113,6 +115,24 @@ def test_rule_names_what_it_cannot_take():
                                                                    cpu)
     assert "float16" in unsupported_reason((6, 64, 8, 8), (64, 128, 3, 3), torch.bfloat16, 3, cpu)
     assert "multiple of 64" in unsupported_reason((6, 96, 8, 8), (64, 192, 3, 3), torch.float16, 3, cpu)
+
+
+def test_small_grids_take_more_programs():
+    """The launch config follows the grid (the H200 sweep in BENCHMARKS.md, ninth session): a whole frame chunk keeps
+    triton_conv_tma's config; one frame at 88x160 (110 tiles of 128 pixels, fewer than the 132 SMs) splits its 128
+    channels in two blocks; one frame at 44x80 (30 tiles, 60 programs) also takes 8 x 8 pixel tiles."""
+    from taesd_fast.kernels.triton_conv_tma import CPU_SMS, TMAConfig, default_config
+    from taesd_fast.kernels.triton_mem_conv import mem_config
+
+    cpu = torch.device("cpu")
+    assert CPU_SMS == 132
+    assert mem_config(64, (2, 64, 176, 320), cpu) == default_config(64)
+    assert mem_config(256, (23, 256, 44, 80), cpu) == default_config(256)
+    assert mem_config(128, (1, 128, 88, 160), cpu) == TMAConfig(128, 4, 3, 16, block_n=64)
+    assert mem_config(128, (1, 128, 80, 128), cpu) == TMAConfig(128, 4, 3, 16, block_n=64)
+    assert mem_config(256, (1, 256, 44, 80), cpu) == TMAConfig(64, 4, 3, 8, block_n=64)
+    assert mem_config(256, (1, 256, 40, 64), cpu) == TMAConfig(64, 4, 3, 8, block_n=64)
+    assert mem_config(64, (1, 64, 20, 30), cpu) == TMAConfig(64, 4, 3, 8, block_n=64)
 
 
 if __name__ == "__main__" and "--interpret-cases" in sys.argv:

@@ -173,6 +173,25 @@ def test_stored_timings_decide_without_a_tuning_process(fake_kernel):
     torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
 
 
+def test_kernel_chosen_says_whether_a_kernel_row_was_decided(fake_kernel):
+    """What passes that are no rows follow (TAEHV's output frames): false while every call ran PyTorch (a miss with
+    nothing stored), true once a call was decided to a kernel row, false again after clear_cache."""
+    x, w, b = _data(4)
+    dispatch.clear_cache()
+    with torch.no_grad(), dispatch.tuning("off"):
+        _conv(x, w, b)
+    assert not dispatch.kernel_chosen() and tuning_fakes.CALLS == []
+    spec = spec_mod.spec_of(spec_mod.call_key("conv2d", x, w, b, 1, None, True))
+    store.put(spec.key("cpu"), {"torch": 1.0, "fake": 0.5}, {})
+    dispatch.clear_cache()
+    assert not dispatch.kernel_chosen()
+    with torch.no_grad():
+        _conv(x, w, b)
+    assert dispatch.kernel_chosen() and tuning_fakes.CALLS == [tuple(x.shape)]
+    dispatch.clear_cache()
+    assert not dispatch.kernel_chosen()
+
+
 def test_a_row_that_failed_in_tuning_is_not_tuned_again_by_the_next_process(fake_kernel, monkeypatch):
     monkeypatch.setenv("FAKE_TUNING_ROW_OOM", "1")
     x, w, b = _data(8)

@@ -75,6 +75,25 @@ SHAPES = [
     ("TAEHV 256->256 44x80 B31 b+r+relu", 31, 256, 256, 44, 80, 1, 1, True, True, True, False),
     ("TAEHV 64->12 352x640 B124 b (last conv)", 124, 64, 12, 352, 640, 1, 1, True, False, False, False),
     ("64->64 s1 256^2 B54 b+r+relu (px of B62 176x320)", 54, 64, 64, 256, 256, 1, 1, True, True, True, False),
+    # TAEHV streaming step (one latent frame): taew2_2 at 704x1280, then taew2_1 at 320x512; stages 0 and 1 run
+    # one frame, so their grids hold a few dozen 128-pixel tiles
+    ("STEP w22 clamp+48->256 44x80 B1 b+relu", 1, 48, 256, 44, 80, 1, 1, True, False, True, True),
+    ("STEP w22 256->256 44x80 B1 b+r+relu", 1, 256, 256, 44, 80, 1, 1, True, True, True, False),
+    ("STEP w22 256->256 44x80 B1 b+relu", 1, 256, 256, 44, 80, 1, 1, True, False, True, False),
+    ("STEP w22 up2+256->128 44x80 B1", 1, 256, 128, 44, 80, 1, 2, False, False, False, False),
+    ("STEP w22 128->128 88x160 B1 b+r+relu", 1, 128, 128, 88, 160, 1, 1, True, True, True, False),
+    ("STEP w22 128->128 88x160 B1 b+relu", 1, 128, 128, 88, 160, 1, 1, True, False, True, False),
+    ("STEP w22 up2+128->64 88x160 B2", 2, 128, 64, 88, 160, 1, 2, False, False, False, False),
+    ("STEP w22 64->64 176x320 B2 b+r+relu", 2, 64, 64, 176, 320, 1, 1, True, True, True, False),
+    ("STEP w22 up2+64->64 176x320 B4 relu", 4, 64, 64, 176, 320, 1, 2, False, False, True, False),
+    ("STEP w22 64->12 352x640 B4 b", 4, 64, 12, 352, 640, 1, 1, True, False, False, False),
+    ("STEP w21 256->256 40x64 B1 b+r+relu", 1, 256, 256, 40, 64, 1, 1, True, True, True, False),
+    ("STEP w21 up2+256->128 40x64 B1", 1, 256, 128, 40, 64, 1, 2, False, False, False, False),
+    ("STEP w21 128->128 80x128 B1 b+r+relu", 1, 128, 128, 80, 128, 1, 1, True, True, True, False),
+    ("STEP w21 up2+128->64 80x128 B2", 2, 128, 64, 80, 128, 1, 2, False, False, False, False),
+    ("STEP w21 64->64 160x256 B2 b+r+relu", 2, 64, 64, 160, 256, 1, 1, True, True, True, False),
+    ("STEP w21 up2+64->64 160x256 B4 relu", 4, 64, 64, 160, 256, 1, 2, False, False, True, False),
+    ("STEP w21 64->3 320x512 B4 b", 4, 64, 3, 320, 512, 1, 1, True, False, False, False),
 ]
 
 # The configs the Triton rows take (row default first, then these where they differ and the kernel accepts them).
@@ -84,7 +103,11 @@ TC_SWEEP = [triton_conv.TCConfig(64, 4, 3), triton_conv.TCConfig(128, 4, 3), tri
 TMA_SWEEP = [triton_conv_tma.TMAConfig(128, 4, 3, 16), triton_conv_tma.TMAConfig(128, 4, 3, 32),
              triton_conv_tma.TMAConfig(128, 4, 4, 16), triton_conv_tma.TMAConfig(256, 8, 3, 16),
              triton_conv_tma.TMAConfig(128, 8, 3, 16), triton_conv_tma.TMAConfig(64, 4, 3, 8),
-             triton_conv_tma.TMAConfig(128, 4, 3, 16, persistent=1), triton_conv_tma.TMAConfig(128, 4, 3, 16, persistent=2)]
+             triton_conv_tma.TMAConfig(128, 4, 3, 16, persistent=1), triton_conv_tma.TMAConfig(128, 4, 3, 16, persistent=2),
+             # output channels over more programs (small grids: the step's one-frame stages)
+             triton_conv_tma.TMAConfig(128, 4, 3, 16, block_n=64), triton_conv_tma.TMAConfig(128, 4, 4, 16, block_n=64),
+             triton_conv_tma.TMAConfig(64, 4, 3, 8, block_n=64), triton_conv_tma.TMAConfig(64, 4, 4, 16, block_n=64),
+             triton_conv_tma.TMAConfig(64, 4, 4, 8), triton_conv_tma.TMAConfig(64, 4, 2, 16)]
 
 
 def gpu_ms(fn) -> float:
@@ -102,7 +125,7 @@ def sweeps(row_name: str, args: tuple) -> list:
         launch = triton_conv.conv3x3_tc_launch
         configs = [default] + [c for c in TC_SWEEP if c != default]
     elif row_name == "triton_conv_tma":
-        default = triton_conv_tma.default_config(w.shape[0])
+        default = triton_conv_tma.shape_config(w.shape[0], x.shape, up, x.device)
         launch = triton_conv_tma.conv3x3_tma_launch
         configs = [default] + [c for c in TMA_SWEEP if c != default]
     else:

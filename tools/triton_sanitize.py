@@ -41,7 +41,8 @@ CASES: dict[tuple[str, str], list[tuple]] = {
                                 (2, 4, 64, 7, 5, 1, 1, True, False, True, True),  # flat mode, soft clamp
                                 (1, 64, 3, 9, 11, 1, 2, False, False, False, False)],  # upsample fold, narrow N
     ("conv2d", "triton_conv_tma"): [(2, 64, 64, 19, 21, 1, 1, True, True, True, False),
-                                    (2, 64, 64, 9, 11, 1, 2, False, False, False, False)],
+                                    (2, 64, 64, 9, 11, 1, 2, False, False, False, False),
+                                    (1, 256, 256, 9, 11, 1, 1, True, True, True, False)],  # small grid
     ("conv2d", "gluon_conv_rows"): [(2, 64, 64, 21, 150, 1, 1, True, True, True, False),  # partial second strip
                                     (1, 64, 3, 13, 70, 1, 1, True, False, False, False),  # narrow outputs
                                     (4, 64, 64, 101, 64, 1, 1, False, True, True, False)],  # 4-row runs, last short
@@ -58,7 +59,8 @@ CASES: dict[tuple[str, str], list[tuple]] = {
     ("conv2d", "simt_f16_rb"): [_SIMT[0], (2, 64, 3, 17, 9, 1, 1, False, False, False, False)],  # stride 1 only
     # mem_conv: (samples, frames per sample, C, C_out, H, W, memory, bias, relu); the weight takes 2C (x and past)
     ("mem_conv", "triton_mem_conv"): [(1, 3, 64, 64, 19, 21, True, True, True),
-                                      (2, 2, 128, 160, 9, 11, False, False, True)],  # two column blocks
+                                      (2, 2, 128, 160, 9, 11, False, False, True),  # two column blocks
+                                      (1, 1, 256, 256, 9, 11, True, True, True)],  # small grid: 8 x 8 tiles
     ("head", "split_bf16"): [(2, 256, 6, 13, 21, 12, "nchw"),  # cuBLAS GEMM, pixel-major g
                              (1, 256, 3, 13, 21, 3, "channels_last")],  # cuDNN, dense g; C_out 3: scalar loads
     ("head_full", "cuda_fused"): _HEAD_FULL_HOPPER,

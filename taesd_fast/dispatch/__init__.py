@@ -36,7 +36,7 @@ __all__ = [
     "conv2d", "mem_conv", "head_conv", "head_full", "soft_clamp", "backend", "set_backend", "get_backend", "tuning",
     "set_tuning", "get_tuning", "graph_timing", "dispatch_table", "rows_of", "tune", "clear_cache", "generation",
     "wait_for_tuning", "tuning_status", "TuningStatus", "Spec", "Row", "ROWS", "DEFAULT_ORDER", "Record",
-    "poll", "prepare", "store_timings", "MODES", "TUNING_MODES", "MARGIN",
+    "poll", "prepare", "store_timings", "MODES", "TUNING_MODES", "MARGIN", "kernel_chosen",
 ]
 
 
@@ -66,6 +66,13 @@ def prepare(target) -> None:
         on_cuda = target is not None and torch.device(target).type == "cuda"
     if on_cuda:
         kernel_rows.import_in_background()
+
+
+def kernel_chosen() -> bool:
+    """Whether a call of this process was decided to a kernel row (forced or measured; until clear_cache). Passes
+    that are no rows (TAEHV's output frames) follow it: before tuning has answered, a process runs PyTorch only,
+    so its first calls load and compile nothing."""
+    return decide.state.kernel_chosen
 
 
 def poll() -> None:

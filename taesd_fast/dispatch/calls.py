@@ -56,6 +56,7 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
         # A decision made without timing because a capture is under way must not stick: the next eager call decides.
         with decide.lock:
             state.decided[(mode, graph, key)] = rec
+            state.kernel_chosen = state.kernel_chosen or row.kernel
     return rec
 
 

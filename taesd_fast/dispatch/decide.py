@@ -60,6 +60,7 @@ class _State:
         self.decided: dict[tuple, Record] = {}  # (mode, graph, call key) -> decision
         self.final: dict[tuple, Record] = {}  # (graph, call key) -> the decision from the tuning process
         self.generation = 0  # moves when tuned decisions replace earlier ones: graphs captured before are stale
+        self.kernel_chosen = False  # a call of this process was decided to a kernel row (until clear())
 
 
 state = _State()
@@ -295,4 +296,5 @@ def clear() -> None:
         state.decided.clear()
         state.final.clear()
         records.clear()
+        state.kernel_chosen = False
         state.generation += 1

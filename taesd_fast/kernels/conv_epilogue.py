@@ -1,12 +1,12 @@
-"""The Triton conv kernels' shared device code (triton_conv's pointer kernel and triton_conv_tma): the fused epilogue and
-the upsample fold's program-to-phase mapping. The epilogue follows conv_contract: + bias, + residual, ReLU in fp32,
-one rounding to f16, stored to the dense NHWC output."""
+"""The Triton conv kernels' shared device code (triton_conv's pointer kernel, triton_conv_tma and triton_mem_conv): the
+fused epilogue, the upsample fold's program-to-phase mapping and the TMA kernels' 2-D tile origin. The epilogue follows
+conv_contract: + bias, + residual, ReLU in fp32, one rounding to f16, stored to the dense NHWC output."""
 
 from __future__ import annotations
 
 from .triton_import import tl, triton
 
-__all__ = ["epilogue", "upsample_phase"]
+__all__ = ["epilogue", "tile_origin", "upsample_phase"]
 
 if triton is not None:
 
@@ -17,6 +17,20 @@ if triton is not None:
         if UPSAMPLE:
             return pid % 4, pid // 4, (pid % 4) // 2, pid % 2
         return 0, pid, 0, 0
+
+    @triton.jit
+    def tile_origin(t, TILES_Y, TILES_X, TILE_H: tl.constexpr, TILE_W: tl.constexpr, C_OUT: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """(image, first row, first column, output channels) of 2-D tile t (tiles row-major, TILES_Y x TILES_X per
+        image) for this program's channel block (program_id(1), where C_OUT takes more than one)."""
+        tx = t % TILES_X
+        t = t // TILES_X
+        ty = t % TILES_Y
+        if C_OUT <= BLOCK_N:
+            rn = tl.arange(0, BLOCK_N)
+        else:
+            rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        return t // TILES_Y, ty * TILE_H, tx * TILE_W, rn
 
     @triton.jit
     def epilogue(acc, b_ptr, r_ptr, y_ptr, out_px, m_ok, rn, C_OUT: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -15,8 +15,8 @@ from .conv_contract import check_conv_args, conv_shape_reason, new_out
 from .device import is_sm90
 from .tma_pdl import aligned_nhwc, pdl_args
 
-__all__ = ["ConvCall", "conv_row_run", "launch_checked", "mark_launched", "on_device", "prepare", "route",
-           "sm90_spec_reason", "spec_launched"]
+__all__ = ["ConvCall", "contiguous_bias", "conv_row_run", "launch_checked", "mark_launched", "on_device", "prepare",
+           "route", "sm90_spec_reason", "spec_launched"]
 
 
 @dataclass
@@ -39,9 +39,16 @@ def prepare(op: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | 
     out_shape = check_conv_args(op, x, w, b, residual, stride, upsample)
     nhwc = aligned_nhwc if tma else (lambda t: None if t is None else t.contiguous(memory_format=torch.channels_last))
     x, residual = nhwc(x), nhwc(residual)
-    copied = [] if b is None or b.is_contiguous() else ["bias copy"]
-    b = None if b is None else b.contiguous()
+    b, copied = contiguous_bias(b)
     return ConvCall(x, b, residual, new_out(out_shape, x), copied)
+
+
+def contiguous_bias(b: Tensor | None) -> tuple[Tensor | None, list]:
+    """(b contiguous, copied): copied is ["bias copy"] when that took a copy in this call (then no PDL:
+    tma_pdl.pdl_args), else empty."""
+    if b is None or b.is_contiguous():
+        return b, []
+    return b.contiguous(), ["bias copy"]
 
 
 def launch_checked(variant: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int,

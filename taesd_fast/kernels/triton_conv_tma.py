@@ -11,13 +11,14 @@ pre_clamp, up to 256 channels each way, sm_90+. The packed weight and the epilog
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .conv_contract import conv_shape_reason
-from .conv_epilogue import epilogue, upsample_phase
+from .conv_epilogue import epilogue, tile_origin, upsample_phase
 from .conv_launch import conv_row_run, mark_launched, on_device, prepare, spec_launched
 from .conv_pack import packed_weight, plan
 from .device import capability, sm_count
@@ -33,22 +34,54 @@ NAME = "triton_conv_tma"
 @dataclass(frozen=True)
 class TMAConfig:
     """Launch config: 2-D tiles of (block_m // tile_w) x tile_w pixels; persistent > 0: that many programs per SM,
-    each looping over tiles (the next tile's loads overlap this tile's epilogue)."""
+    each looping over tiles (the next tile's loads overlap this tile's epilogue); block_n: output channels per
+    program (0: conv_pack.plan's, up to 128; a smaller power of two splits them over more programs)."""
 
     block_m: int = 128
     num_warps: int = 4
     num_stages: int = 3
     tile_w: int = 16
     persistent: int = 0
+    block_n: int = 0
+
+    def n_block(self, p) -> int:
+        """The program's output channels for plan p (block_n must divide p.n_pad)."""
+        return self.block_n or p.block_n
 
 
-def default_config(c_out: int) -> TMAConfig:
+CPU_SMS = 132  # the SM count assumed for launches under the interpreter (an H200's), so they take the GPU's configs
+
+
+def default_config(c_out: int, tiles: int = 0, sms: int = 0) -> TMAConfig:
     """128-pixel tiles of 8 x 16. With 128-wide channel blocks (C_out > 64) the pipeline is two stages deep: with
     three (or four) stages, Triton 3.6's build of this kernel wrote wrong values into a few output elements in some
-    launches on the H200 (TAEHV's 128- and 256-channel convs; BENCHMARKS.md, "Correctness on the GPU")."""
-    if plan(64, c_out, 1).block_n >= 128:
-        return TMAConfig(128, 4, 2, 16)
-    return TMAConfig(128, 4, 3, 16)
+    launches on the H200 (TAEHV's 128- and 256-channel convs; BENCHMARKS.md, "Correctness on the GPU").
+    Where those programs (`tiles` of 8 x 16 pixels times the channel blocks) would not give every one of the `sms`
+    SMs one, the channels go in 64-wide blocks, four stages deep: twice the programs. That is TAEHV's streaming
+    step, one frame at 44x80 or 40x64 (BENCHMARKS.md, "Ninth session")."""
+    bn = plan(64, c_out, 1).block_n
+    if bn < 128:
+        return TMAConfig(128, 4, 3, 16)
+    if tiles and tiles * -(-c_out // bn) < sms:
+        return TMAConfig(128, 4, 4, 16, block_n=64)
+    return TMAConfig(128, 4, 2, 16)
+
+
+def grid_tiles(x_shape, upsample: int = 1, tile_h: int = 8, tile_w: int = 16) -> int:
+    """Tiles of tile_h x tile_w pixels over x's images (stride 1; per phase of the upsample fold)."""
+    B, _, H, W = x_shape
+    return B * -(-H // tile_h) * -(-W // tile_w) * (4 if upsample == 2 else 1)
+
+
+@functools.lru_cache(maxsize=16)
+def device_sms(device: torch.device) -> int:
+    """The device's SM count (CPU_SMS under the interpreter)."""
+    return sm_count(device) if device.type == "cuda" else CPU_SMS
+
+
+def shape_config(c_out: int, x_shape, upsample: int, device: torch.device) -> TMAConfig:
+    """The config a call of this shape launches with (default_config on the call's grid)."""
+    return default_config(c_out, grid_tiles(x_shape, upsample), device_sms(device))
 
 
 def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, tile_w: int, block_m: int,
@@ -95,16 +128,7 @@ if triton is not None:
     ):
         BLOCK_M: tl.constexpr = TILE_H * TILE_W
         phase, t, py, px = upsample_phase(pid, UPSAMPLE)
-        tx = t % TILES_X
-        t = t // TILES_X
-        ty = t % TILES_Y
-        img = t // TILES_Y
-        gy0 = ty * TILE_H
-        gx0 = tx * TILE_W
-        if C_OUT <= BLOCK_N:
-            rn = tl.arange(0, BLOCK_N)
-        else:
-            rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        img, gy0, gx0, rn = tile_origin(t, TILES_Y, TILES_X, TILE_H, TILE_W, C_OUT, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_base = w_ptr + phase * (K_ROWS * N_PAD)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -140,7 +164,7 @@ def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor 
     x, out, b, residual = call.x, call.out, call.b, call.residual
     B, c_in, H, W = x.shape
     c_out = w.shape[0]
-    cfg = config or default_config(c_out)
+    cfg = config or shape_config(c_out, x.shape, upsample, x.device)
     p = plan(c_in, c_out, upsample)
     reason = unsupported_reason(c_in, stride, pre_clamp, p.block_k, cfg.tile_w, cfg.block_m, x.device)
     if reason is not None:
@@ -156,12 +180,13 @@ def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor 
         programs = min(tiles, cfg.persistent * sm_count(x.device) if x.is_cuda else 3)
     with on_device(x):
         x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, tile_h, tile_w, p.block_k])
-        _conv3x3_tc_tma_kernel[(programs, p.n_pad // p.block_n)](
+        block_n = cfg.n_block(p)
+        _conv3x3_tc_tma_kernel[(programs, p.n_pad // block_n)](
             x_desc, wp, b if b is not None else wp, residual if residual is not None else out, out,
             GH, GW, Ho, Wo, tiles_y, tiles_x, tiles, programs,
             C_OUT=c_out, N_PAD=p.n_pad, K_ROWS=p.k_rows, CHUNKS=p.cin_pad // p.block_k, KS=p.ks,
             UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
-            TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=p.block_n, BLOCK_K=p.block_k, PERSISTENT=bool(cfg.persistent),
+            TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=block_n, BLOCK_K=p.block_k, PERSISTENT=bool(cfg.persistent),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now + call.copied),
         )
     mark_launched(NAME, x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
@@ -189,7 +214,8 @@ def spec_unsupported_reason(spec) -> str | None:
 
 def spec_ready(spec) -> bool:
     """True once this exact call shape was launched in this process (TMA launches specialise on the sizes)."""
-    return spec_launched(NAME, spec, (default_config(spec.w_shape[0]), tuple(spec.x_shape)))
+    cfg = shape_config(spec.w_shape[0], spec.x_shape, spec.upsample, torch.device(spec.device))
+    return spec_launched(NAME, spec, (cfg, tuple(spec.x_shape)))
 
 
 def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,

@@ -19,6 +19,16 @@ from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
 
 BLOCK_W = 128  # input pixels per program (one row segment)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_launched: set = set()  # (device, patch, input dtype, output dtype) launched in this process: the module is loaded
+
+
+def _variant(y: Tensor, into: Tensor, patch: int) -> tuple:
+    return (str(y.device), patch, y.dtype, into.dtype)
+
+
+def ready(y: Tensor, into: Tensor, patch: int) -> bool:
+    """True once this variant was launched in this process (a CUDA-graph capture must not load a module)."""
+    return _variant(y, into, patch) in _launched
 
 
 def unsupported_reason(y: Tensor, into: Tensor, patch: int) -> str | None:
@@ -99,5 +109,6 @@ def write_frames(y: Tensor, into: Tensor, patch: int, skip: int = 0) -> Tensor:
         _frames_kernel[(n * k_out * h, triton.cdiv(w, BLOCK_W))](
             y, into, h, w, k_out, nk // n, skip, *y.stride(), *into.stride(),
             P=patch, BLOCK_W=BLOCK_W, UINT8=into.dtype == torch.uint8, ROUND_TO=round_to, num_warps=4)
+    _launched.add(_variant(y, into, patch))
     return into
 

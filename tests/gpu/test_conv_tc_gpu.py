@@ -172,7 +172,9 @@ def test_tma_row(case):
 
 
 # TAEHV's wide convs (frames of one chunk as the batch; fewer frames here, to keep the float64 reference cheap).
-WIDE = [(8, 128, 128, 88, 160), (8, 256, 128, 88, 160), (8, 256, 256, 44, 80), (8, 128, 64, 176, 320)]
+# One frame (TAEHV's streaming step): grids short of the SMs, where the TMA row takes 64-wide channel blocks.
+WIDE = [(8, 128, 128, 88, 160), (8, 256, 128, 88, 160), (8, 256, 256, 44, 80), (8, 128, 64, 176, 320),
+        (1, 256, 256, 44, 80), (1, 256, 256, 40, 64)]
 
 
 @pytest.mark.parametrize("row", ["triton_conv_tma", "triton_conv"])

@@ -85,3 +85,34 @@ def test_model_decode_through_the_pass_equals_the_pytorch_path(variant, monkeypa
         plain = run()
     for key in fast:
         assert torch.equal(fast[key], plain[key]), key
+
+
+def test_the_pass_waits_for_the_dispatcher_to_run_kernels():
+    """In auto mode the pass is taken once a call was decided to a kernel row: before tuning has answered, a fresh
+    process's first calls compile nothing (the pass's first compile and launcher build took ~0.6 s of the first
+    call). The kernels backend takes it at once, the torch backend never; inside a capture only once loaded."""
+    from taesd_fast.kernels import triton_frames
+    from taesd_fast.models.taehv.model import _frames_kernel_takes
+
+    y = torch.rand(2, 12, 8, 16, device="cuda", dtype=torch.float16)
+    into = torch.empty(1, 2, 3, 16, 32, device="cuda", dtype=torch.float16)
+    dispatch.clear_cache()
+    assert not dispatch.kernel_chosen()
+    with dispatch.backend("auto"):
+        assert not _frames_kernel_takes(y, into, 2)
+    with dispatch.backend("torch"):
+        assert not _frames_kernel_takes(y, into, 2)
+    with dispatch.backend("kernels"):
+        assert _frames_kernel_takes(y, into, 2)
+        x = torch.randn(1, 16, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+        w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.float16)
+        dispatch.conv2d(x, w, None)  # decided to a kernel row (the kernels backend never times)
+    assert dispatch.kernel_chosen()
+    with dispatch.backend("auto"):
+        assert _frames_kernel_takes(y, into, 2)
+        y4 = torch.rand(2, 48, 8, 16, device="cuda", dtype=torch.float16)  # patch 4: a variant no test launches
+        into4 = torch.empty(1, 2, 3, 32, 64, device="cuda", dtype=torch.uint8)
+        assert not triton_frames.ready(y4, into4, 4) and _frames_kernel_takes(y4, into4, 4)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            assert not _frames_kernel_takes(y4, into4, 4)

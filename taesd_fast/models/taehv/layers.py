@@ -273,7 +273,8 @@ class Preview:
 
 
 def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
-                 preview: Preview | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+                 preview: Preview | None = None, start: int = 0, stop: int | None = None,
+                 batch_memory: bool = False) -> torch.Tensor:
     """Apply an encoder or decoder Sequential to x [batch*k, C, H, W] (k frames per sample, time-major).
 
     memory[j]: the j-th memory block's input at the frame before the first, [batch, C_j, H_j, W_j], or None for
@@ -282,17 +283,21 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
     start, stop: run only seq[start:stop] (x is then the input of seq[start]); both must fall between layer groups,
     e.g. at a memory block (`memory_indices`). decode_video runs the low-resolution layers on long chunks and the
     full-resolution ones on short chunks of their output.
+    batch_memory: write every block's memory at the end, in one multi-tensor copy, instead of one copy per block
+    (the streaming step: each copy is a separate small kernel). The blocks' inputs stay alive until then, so long
+    chunks do not batch.
     """
     modules = list(seq)
     stop = len(modules) if stop is None else stop
     mem = iter(range(sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start]), len(memory)))
     stage = sum(isinstance(m, TGrow) for m in modules[:start])
+    pending: list | None = [] if batch_memory else None
     i = start
     while i < stop:
         m = modules[i]
         nxt = modules[i + 1] if i + 1 < len(modules) else None
         if isinstance(m, (MemBlock, SuperMemBlock)):
-            x = _memory_step(m, x, batch, memory, next(mem))
+            x = _memory_step(m, x, batch, memory, next(mem), pending)
             i += 1
         elif isinstance(m, Clamp) and isinstance(nxt, DispatchConv2d):
             relu = i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)
@@ -325,11 +330,15 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
         else:  # ReLU after a conv is fused above; TPool; a lone ReLU
             x = m(x)
             i += 1
+    if pending:
+        torch._foreach_copy_([dst for dst, _ in pending], [src for _, src in pending])
     return x
 
 
-def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j: int) -> torch.Tensor:
-    """One memory block over k frames: frame t's past is frame t-1's input (memory[j] for the first)."""
+def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j: int,
+                 pending: list | None = None) -> torch.Tensor:
+    """One memory block over k frames: frame t's past is frame t-1's input (memory[j] for the first). The memory
+    is then overwritten with the last frame, or, with a `pending` list, that copy is appended to it."""
     nt, c, h, w = x.shape
     k = nt // batch
     frames = x.reshape(batch, k, c, h, w)
@@ -338,7 +347,10 @@ def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j:
         # A normal tensor even under inference_mode, so a later step outside it may update it in place.
         with torch.inference_mode(False):
             memory[j] = torch.empty_like(frames[:, -1])
-    memory[j].copy_(frames[:, -1])
+    if pending is None:
+        memory[j].copy_(frames[:, -1])
+    else:
+        pending.append((memory[j], frames[:, -1]))
     return out
 
 

@@ -394,7 +394,7 @@ class TAEHV(TinyAutoencoder):
         post = state.part == "decoder"
 
         def step(inp: torch.Tensor) -> torch.Tensor:
-            out = run_sequence(seq, inp, batch, state.memory, preview)
+            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=True)
             if not post:
                 return out
             nk, _, h, w = out.shape
@@ -451,12 +451,19 @@ class TAEHV(TinyAutoencoder):
 
 def _frames_kernel_takes(out: torch.Tensor, into: torch.Tensor, patch: int) -> bool:
     """Whether the output frames go through the Triton pass: on CUDA, outside torch.compile (which traces the PyTorch
-    ops) and outside the dispatcher's "torch" backend (PyTorch only), where the kernel supports the call."""
-    if not out.is_cuda or torch.compiler.is_compiling() or dispatch.get_backend() == "torch":
+    ops), where the kernel supports the call, once the dispatcher runs kernels in this process (the "kernels" backend,
+    or a kernel row decided: in auto mode, before tuning has answered, the first calls compile and load nothing), and
+    in a CUDA-graph capture only when the kernel is already loaded."""
+    if not out.is_cuda or torch.compiler.is_compiling():
         return False
-    from ...kernels.triton_frames import unsupported_reason
+    mode = dispatch.get_backend()
+    if mode == "torch" or (mode == "auto" and not dispatch.kernel_chosen()):
+        return False
+    from ...kernels import triton_frames
 
-    return unsupported_reason(out, into, patch) is None
+    if torch.cuda.is_current_stream_capturing() and not triton_frames.ready(out, into, patch):
+        return False
+    return triton_frames.unsupported_reason(out, into, patch) is None
 
 
 def _stride_product(strides, flags) -> int:
