@@ -123,6 +123,36 @@ def test_streaming_decode_equals_parallel(family):
         torch.testing.assert_close(model.decode_video(latents, parallel=False), whole, rtol=0, atol=1e-6)
 
 
+def test_one_copy_of_the_memory_at_the_end_equals_a_copy_per_block(family):
+    """run_sequence(batch_memory=True), the one-frame step's single multi-tensor copy, leaves the same output and the
+    same memory as copying after each block, for one frame and for several."""
+    from taesd_fast.models.taehv.layers import memory_indices, run_sequence
+
+    _, _, model = family
+    for frames in (1, 3):
+        z = _latents(model, frames)
+        x = z.flatten(0, 1)
+        start = [torch.randn(1, *m.shape[1:]) for m in _first_memory(model, x)]
+        outs, mems = [], []
+        for batched in (False, True):
+            memory = [m.clone() for m in start]
+            outs.append(run_sequence(model.decoder, x, 1, memory, batch_memory=batched))
+            mems.append(memory)
+        assert len(mems[0]) == len(memory_indices(model.decoder))
+        assert torch.equal(outs[0], outs[1])
+        assert all(torch.equal(a, b) for a, b in zip(*mems))
+        assert not all(torch.equal(a, b) for a, b in zip(start, mems[1]))  # the memory was written
+
+
+def _first_memory(model, x):
+    """The decoder's memory after one run from zeros: tensors of each block's input shape."""
+    from taesd_fast.models.taehv.layers import memory_indices, run_sequence
+
+    memory = [None] * len(memory_indices(model.decoder))
+    run_sequence(model.decoder, x[:1], 1, memory)
+    return memory
+
+
 def test_streaming_encode_equals_parallel(family):
     name, _, model = family
     td = model.t_downscale

@@ -392,9 +392,13 @@ class TAEHV(TinyAutoencoder):
         batch = state.signature[0]
         preview = self.preview if state.part == "decoder" else None
         post = state.part == "decoder"
+        # A decoder step of one latent frame writes its memory in one copy at the end (it holds every block's input
+        # until then: ~60 MB for taew2_2 at 704x1280); longer steps and the encoder's full-resolution blocks copy as
+        # they go, so their peak does not grow.
+        batch_memory = post and x.shape[0] == batch
 
         def step(inp: torch.Tensor) -> torch.Tensor:
-            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=True)
+            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory)
             if not post:
                 return out
             nk, _, h, w = out.shape
