@@ -47,7 +47,7 @@ def _reference(y, patch, uint8, samples, skip):
 
 
 def _run_case(name: str) -> dict:
-    from taesd_fast.kernels.triton_frames import write_frames
+    from taesd_fast.kernels.triton_frames import ready, write_frames
 
     patch, dtype, uint8, samples, frames, skip, h, w, cl = CASES[name]
     y = _inputs(patch, dtype, samples, frames, h, w, cl, seed=len(name) * 17 + patch)
@@ -57,6 +57,7 @@ def _run_case(name: str) -> dict:
     big = torch.full((samples, k + 3, 3, h * patch, w * patch), SENTINEL if uint8 else float("nan"),
                      dtype=torch.uint8 if uint8 else y.dtype)
     into = big[:, 2:2 + k]
+    before = ready(y, into, patch, skip)
     back = write_frames(y, into, patch, skip)
     outside = torch.cat([big[:, :2], big[:, 2 + k:]], 1)
     untouched = bool((outside == SENTINEL).all()) if uint8 else bool(outside.isnan().all())
@@ -64,7 +65,10 @@ def _run_case(name: str) -> dict:
     kept = _reference(y, patch, False, samples, skip)  # the frames written, before the uint8 conversion
     ties = int(((kept.float() * 255).to(y.dtype).float() % 1 == 0.5).sum())
     return {"name": name, "equal": torch.equal(into, ref) if uint8 else torch.equal(into.nan_to_num(), ref.nan_to_num()),
-            "same_tensor": back is into, "untouched": untouched, "nan_kept": nan_kept, "ties": ties}
+            "same_tensor": back is into, "untouched": untouched, "nan_kept": nan_kept, "ties": ties,
+            # ready: this exact call was launched (not one with another skip, nor one whose output starts misaligned)
+            "ready": [before, ready(y, into, patch, skip), ready(y, into, patch, skip + 1),
+                      ready(y, torch.empty(into.numel() + 1, dtype=into.dtype)[1:].view(into.shape), patch, skip)]}
 
 
 def _child_main() -> None:
@@ -82,6 +86,7 @@ def test_frames_equal_pytorch_bit_for_bit(interpreted, name):
     got = interpreted[name]
     assert "error" not in got, got.get("error")
     assert got["equal"] and got["same_tensor"] and got["untouched"], got
+    assert got["ready"] == [False, True, False, False], got["ready"]
     if CASES[name][2]:
         assert got["ties"] > 0, "the case must hold rounding ties"
     else:

@@ -19,16 +19,20 @@ from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
 
 BLOCK_W = 128  # input pixels per program (one row segment)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_launched: set = set()  # (device, patch, input dtype, output dtype) launched in this process: the module is loaded
+_launched: set = set()  # the exact calls (see _call) launched in this process: their compiled kernel is loaded
 
 
-def _variant(y: Tensor, into: Tensor, patch: int) -> tuple:
-    return (str(y.device), patch, y.dtype, into.dtype)
+def _call(y: Tensor, into: Tensor, patch: int, skip: int) -> tuple:
+    """What the launch's compiled kernel depends on: the constexprs, and the sizes, strides and pointer alignments
+    Triton specialises on."""
+    return (str(y.device), patch, y.dtype, into.dtype, tuple(y.shape), y.stride(), tuple(into.shape), into.stride(),
+            skip, y.data_ptr() % 16, into.data_ptr() % 16)
 
 
-def ready(y: Tensor, into: Tensor, patch: int) -> bool:
-    """True once this variant was launched in this process (a CUDA-graph capture must not load a module)."""
-    return _variant(y, into, patch) in _launched
+def ready(y: Tensor, into: Tensor, patch: int, skip: int = 0) -> bool:
+    """True once this exact call was launched in this process (a CUDA-graph capture must not load a module; a
+    capture's warm-up makes the same call first)."""
+    return _call(y, into, patch, skip) in _launched
 
 
 def unsupported_reason(y: Tensor, into: Tensor, patch: int) -> str | None:
@@ -109,6 +113,6 @@ def write_frames(y: Tensor, into: Tensor, patch: int, skip: int = 0) -> Tensor:
         _frames_kernel[(n * k_out * h, triton.cdiv(w, BLOCK_W))](
             y, into, h, w, k_out, nk // n, skip, *y.stride(), *into.stride(),
             P=patch, BLOCK_W=BLOCK_W, UINT8=into.dtype == torch.uint8, ROUND_TO=round_to, num_warps=4)
-    _launched.add(_variant(y, into, patch))
+    _launched.add(_call(y, into, patch, skip))
     return into
 

@@ -421,7 +421,7 @@ class TAEHV(TinyAutoencoder):
         into `into` ([N, k - skip, 3, H, W]) without the first `skip` frames of each sample. Returns `into`. On CUDA
         one Triton pass (kernels/triton_frames.py); else the clamp reads `out` through the pixel shuffle's
         permutation and writes `into` (no shuffled copy). Both give the same values."""
-        if _frames_kernel_takes(out, into, self.patch_size):
+        if _frames_kernel_takes(out, into, self.patch_size, skip):
             from ...kernels.triton_frames import write_frames
 
             return write_frames(out, into, self.patch_size, skip)
@@ -453,11 +453,11 @@ class TAEHV(TinyAutoencoder):
         return f"variant={self.variant!r}, {self.arch.describe()}"
 
 
-def _frames_kernel_takes(out: torch.Tensor, into: torch.Tensor, patch: int) -> bool:
+def _frames_kernel_takes(out: torch.Tensor, into: torch.Tensor, patch: int, skip: int = 0) -> bool:
     """Whether the output frames go through the Triton pass: on CUDA, outside torch.compile (which traces the PyTorch
     ops), where the kernel supports the call, once the dispatcher runs kernels in this process (the "kernels" backend,
     or a kernel row decided: in auto mode, before tuning has answered, the first calls compile and load nothing), and
-    in a CUDA-graph capture only when the kernel is already loaded."""
+    in a CUDA-graph capture only when this exact call was launched before (the capture's warm-up makes it)."""
     if not out.is_cuda or torch.compiler.is_compiling():
         return False
     mode = dispatch.get_backend()
@@ -465,7 +465,7 @@ def _frames_kernel_takes(out: torch.Tensor, into: torch.Tensor, patch: int) -> b
         return False
     from ...kernels import triton_frames
 
-    if torch.cuda.is_current_stream_capturing() and not triton_frames.ready(out, into, patch):
+    if torch.cuda.is_current_stream_capturing() and not triton_frames.ready(out, into, patch, skip):
         return False
     return triton_frames.unsupported_reason(out, into, patch) is None
 
