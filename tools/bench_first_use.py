@@ -45,7 +45,7 @@ def shape_names(model: str) -> list[str]:
 
 
 def _load(model_name: str):
-    """(model, {shape name: call}) for the measured process: each call decodes its shape once."""
+    """(the model's decoder, {shape name: call}) for the measured process: each call decodes its shape once."""
     import torch
 
     if model_name == "taesd":
@@ -53,7 +53,7 @@ def _load(model_name: str):
 
         model = TAESD.from_pretrained(dtype=torch.float16, device="cuda")
         latents = {name: torch.randn(b, 32, h, w, device="cuda", dtype=torch.float16) for name, b, h, w in SHAPES}
-        return model, model.decoder, {name: (lambda z=z: model.decode(z)) for name, z in latents.items()}
+        return model.decoder, {name: (lambda z=z: model.decode(z)) for name, z in latents.items()}
     from taesd_fast.apps.bench.taehv import random_decoder
 
     model = random_decoder("taew2_2").to("cuda", torch.float16)
@@ -70,7 +70,7 @@ def _load(model_name: str):
                 return frames
 
             calls[name] = step
-    return model, model.decoder, calls
+    return model.decoder, calls
 
 
 def _profiled(fn, top: int = 25) -> str:
@@ -99,7 +99,7 @@ def child(backend: str, model_name: str, profile_first: bool) -> dict:
            "after_tuning_first_call_s": {}, "model": model_name}
     taesd_fast.set_backend(backend)
     t = time.perf_counter()
-    _, decoder, calls = _load(model_name)
+    decoder, calls = _load(model_name)
     out["from_pretrained_s"] = time.perf_counter() - t
 
     def call(name: str) -> float:
