@@ -24,6 +24,7 @@ import tuning_fakes
 from conftest import process_gone
 from taesd_fast import dispatch, graphs
 from taesd_fast.dispatch import decide, measure, spec as spec_mod, store, tuner
+from taesd_fast.kernels import rows as kernel_rows
 
 pytestmark = pytest.mark.usefixtures("isolated_dispatch")
 TESTS_DIR = Path(__file__).resolve().parent
@@ -118,11 +119,9 @@ def test_graph_replayed_specs_are_timed_first(fake_kernel, monkeypatch):
     assert dispatch.tuning_status().done == 3
 
 
-def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, monkeypatch):
-    """The whole path: a call's graph is captured with PyTorch while the tuning process works; once it has
-    answered, the next call picks the answer up and captures again, now with the tuned kernel. Capture is faked
-    (CI has no GPU)."""
-    monkeypatch.setenv("FAKE_TUNING_SLEEP", "1.0")
+def _fake_captures(monkeypatch) -> list:
+    """graphs.CUDAGraphed faked (CI has no GPU): a "capture" decides and runs fn under graph_timing, as
+    graphs.capture does, and its replays run fn again. Returns the list of the generations captured under."""
     captures = []
 
     class Captured:
@@ -139,6 +138,15 @@ def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, 
 
     monkeypatch.setattr(graphs, "CUDAGraphed", Captured)
     monkeypatch.setattr(graphs, "_replayable", lambda x, params: True)
+    return captures
+
+
+def test_graph_cache_captures_again_once_tuning_changes_a_decision(fake_kernel, monkeypatch):
+    """The whole path: a call's graph is captured with PyTorch while the tuning process works; once it has
+    answered, the next call picks the answer up and captures again, now with the tuned kernel. Capture is faked
+    (CI has no GPU)."""
+    monkeypatch.setenv("FAKE_TUNING_SLEEP", "1.0")
+    captures = _fake_captures(monkeypatch)
     cache = graphs.GraphCache()
     x, w, b = _data(2)
     fn = lambda t: _conv(t, w, b)  # noqa: E731
@@ -171,6 +179,38 @@ def test_stored_timings_decide_without_a_tuning_process(fake_kernel):
         y = _conv(x, w, b)
     assert tuning_fakes.CALLS == [tuple(x.shape)] and dispatch.tuning_status().processes == []
     torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
+
+
+def test_calls_while_the_kernel_modules_import_run_pytorch_then_graphs_capture_again(fake_kernel, monkeypatch):
+    """A second process on stored timings: while the background imports run (Triton, its cache key), calls run
+    PyTorch and decide nothing, so the first call waits for none of it; once they are done, the next call decides
+    from the stored timings and a graph captured meanwhile is captured again with the kernel row."""
+    importing = [True]
+    monkeypatch.setattr(kernel_rows, "importing", lambda: importing[0])
+    captures = _fake_captures(monkeypatch)
+    x, w, b = _data(5)
+    for graph in (False, True):
+        spec = spec_mod.spec_of(spec_mod.call_key("conv2d", x, w, b, 1, None, True))
+        store.put(spec.key("cpu", graph), {"torch": 1.0, "fake": 0.5}, {})
+    dispatch.clear_cache()
+    cache = graphs.GraphCache()
+    fn = lambda t: _conv(t, w, b)  # noqa: E731
+    with torch.no_grad():
+        for _ in range(3):  # eager, captured, replayed
+            y = cache(fn, x, [])
+            torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-3, atol=1e-3)
+        assert tuning_fakes.CALLS == [] and len(captures) == 1 and not dispatch.kernel_chosen()
+        assert dispatch.tuning_status().processes == []  # stored timings: nothing to tune
+        importing[0] = False
+        y = cache(fn, x, [])  # the imports are done: stale graph, captured again with the stored decision
+    assert len(captures) == 2 and captures[1] == dispatch.generation() and tuning_fakes.CALLS
+    assert dispatch.kernel_chosen()
+    torch.testing.assert_close(y.double(), _reference(x, w, b), rtol=1e-6, atol=1e-6)
+    tuning_fakes.CALLS.clear()
+    with torch.no_grad():
+        cache(fn, x, [])
+        _conv(x, w, b)  # an eager call decides from the stored timings too
+    assert len(captures) == 2 and tuning_fakes.CALLS == [tuple(x.shape)] * 2
 
 
 def test_kernel_chosen_says_whether_a_kernel_row_was_decided(fake_kernel):

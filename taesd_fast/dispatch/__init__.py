@@ -79,6 +79,8 @@ def poll() -> None:
     """Put in effect what the tuning process has answered, on this thread (unless it captures a CUDA graph).
     Every dispatched call and every graph replay of ours does this; call it where you replay graphs of your own."""
     tuner.poll()
+    if decide.state.deferred and not kernel_rows.importing():
+        decide.end_deferral()
 
 
 def wait_for_tuning(timeout: float | None = None) -> bool:

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from ..kernels import rows as kernel_rows
 from . import decide, store, table, torch_ops, tuner
 from .spec import args_meta, call_key, spec_of
 
@@ -44,6 +45,8 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
     rec = state.final.get((graph, key)) if sub else None
     if rec is None and sub and store.get(spec.key(decide.device_name(spec.device), graph)) is None:
         rec = _send(spec, graph, key, args)  # nothing stored: no kernel module is imported for this call
+    if sub and (rec is None or table.row(spec.kind, rec.choice).kernel) and kernel_rows.importing():
+        return decide.defer(spec)  # stored or tuned timings may choose a kernel: not while the imports run
     if rec is None:
         rec = decide.decide_now(spec, mode, graph, lambda: args_meta(args), tuning_mode)
     if rec is None:  # stored timings miss some candidate

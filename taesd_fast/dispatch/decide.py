@@ -61,6 +61,7 @@ class _State:
         self.final: dict[tuple, Record] = {}  # (graph, call key) -> the decision from the tuning process
         self.generation = 0  # moves when tuned decisions replace earlier ones: graphs captured before are stale
         self.kernel_chosen = False  # a call of this process was decided to a kernel row (until clear())
+        self.deferred = False  # a call ran PyTorch while the kernel modules were imported (see defer)
 
 
 state = _State()
@@ -242,6 +243,23 @@ def time_shortlist(spec: Spec, rows: list[table.Row], meta: tuple, graph: bool, 
 def provisional(spec: Spec) -> Record:
     """What a call runs while the tuning process works on its spec: PyTorch."""
     return _record(spec, table.reference(spec.kind).name, "PyTorch while the tuning process times kernels", {}, {})
+
+
+def defer(spec: Spec) -> Record:
+    """What a call runs, undecided and not remembered, while the kernel modules are imported in the background
+    (kernels.rows.importing): PyTorch. Deciding now could pick a kernel, and its first launch would wait for the
+    imports and Triton's cache key (~0.4 s each in a new process). The next call decides again; `end_deferral`
+    makes graphs captured meanwhile stale."""
+    state.deferred = True
+    return _record(spec, table.reference(spec.kind).name, "PyTorch while the kernel modules are imported", {}, {})
+
+
+def end_deferral() -> None:
+    """Once the imports are done (dispatch.poll): graphs captured with deferred calls are captured again."""
+    with lock:
+        if state.deferred:
+            state.deferred = False
+            state.generation += 1
 
 
 def decide_now(spec: Spec, mode: str, graph: bool, meta: Callable[[], tuple], tuning_mode: str) -> Record | None:

@@ -19,10 +19,11 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
+import time
 
 from .row import Row
 
-__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "import_all", "import_in_background"]
+__all__ = ["DEFAULT_ORDER", "KERNEL_ROWS", "forced_order", "import_all", "import_in_background", "importing"]
 
 
 def _module(name: str):
@@ -116,16 +117,27 @@ def forced_order(layout: str) -> tuple[str, ...]:
 
 
 _importing: threading.Thread | None = None
+_import_started = 0.0
+IMPORT_WAIT_S = 20.0  # importing() answers False past this, should the thread hang: calls then import for themselves
 
 
 def import_in_background() -> None:
     """Import every kernel module (Triton, Gluon, the launch wrappers) on a daemon thread, once per process, and
     have Triton compute its own cache key (a hash of its installation, ~0.4 s): the first call on a GPU then finds
     them ready instead of spending about a second on them. Nothing there touches CUDA."""
-    global _importing
+    global _importing, _import_started
     if _importing is None:
         _importing = threading.Thread(target=import_all, name="taesd_fast-imports", daemon=True)
+        _import_started = time.monotonic()
         _importing.start()
+
+
+def importing() -> bool:
+    """Whether import_in_background's thread is still at work (for at most IMPORT_WAIT_S after it started). A call
+    that launched a kernel now would wait for it: for the imports, and for Triton's cache key (which a kernel's
+    first launch needs, also when it is already compiled)."""
+    return (_importing is not None and _importing.is_alive()
+            and time.monotonic() - _import_started < IMPORT_WAIT_S)
 
 
 def import_all() -> None:

@@ -163,15 +163,18 @@ def test_first_calls_run_pytorch_then_replays_run_tuned_kernels_and_a_second_pro
         ref32 = m32.decode(latents.float()).double()
         torch_err = (model.decode(latents).double() - ref32).norm() / ref32.norm()
     assert (replay.double() - ref32).norm() / ref32.norm() <= 2 * torch_err
-    # A second process on these caches: its first call is on the tuned kernels, under 1 s, with no tuning process.
+    # A second process on these caches: its first call takes under 1 s (PyTorch while the kernel modules import in
+    # the background), the stored timings then choose kernels within seconds, and no tuning process starts.
     # (The Triton cache is this process's: TRITON_CACHE_DIR as set, or Triton's default.)
     env_caches = Path(tempfile.mkdtemp(prefix="taesd_fast_second_"))
     (env_caches / "taesd_fast").symlink_to(cache)
     triton_dir = os.environ.get("TRITON_CACHE_DIR", str(Path.home() / ".triton" / "cache"))
     (env_caches / "triton").symlink_to(triton_dir)
     second = _user("second", env_caches)
-    print(f"second process: first call {second['first_call_s']:.3f} s, {second['kernel_rows']} kernel rows")
+    print(f"second process: first call {second['first_call_s']:.3f} s ({second['kernel_rows_first_call']} kernel "
+          f"rows), {second['kernel_rows']} kernel rows after {second['calls']} calls, {second['kernels_after_s']:.2f} s")
     assert second["first_call_s"] <= 1.0 and second["processes"] == [] and second["kernel_rows"] > 0
+    assert second["kernels_after_s"] < 5.0
 
 
 @pytest.mark.usefixtures("isolated_dispatch")
