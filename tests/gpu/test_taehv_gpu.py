@@ -24,6 +24,7 @@ FAMILIES = {
     "taew2_1": dict(latent=16, patch=1),
     "taew2_2": dict(latent=48, patch=2),
     "taew2_2_super": dict(latent=48, patch=2, super_decoder=True),
+    "taehv1_5_super": dict(latent=32, patch=2, super_decoder=True),
     "taeltx_2": dict(latent=128, patch=4, encoder_time=(2, 2, 2), decoder_time=(2, 2, 2)),
 }
 
