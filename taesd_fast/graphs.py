@@ -63,23 +63,24 @@ def capture(fn: Callable[[], torch.Tensor]):
 _capturing = 0  # > 0 inside capture(): a GraphCache there runs eagerly (its caller is being captured already)
 
 
-_warmup_streams: dict[int, torch.cuda.Stream] = {}
+_side_streams: dict[tuple[int, str], torch.cuda.Stream] = {}
 
 
-def _warmup_stream() -> torch.cuda.Stream:
-    """The current device's side stream for capture warm-ups, one per device for the process: cuBLAS keeps a
-    workspace (32 MiB on Hopper) per stream it has run on until the process ends, so a new stream per capture
-    would leave one behind at every capture."""
-    device = torch.cuda.current_device()
-    stream = _warmup_streams.get(device)
+def side_stream(purpose: str) -> torch.cuda.Stream:
+    """The current device's side stream for `purpose` ("warmup": capture warm-ups; "memory": a TAEHV step's
+    memory-block projections), one per device and purpose for the process: cuBLAS keeps a workspace (32 MiB on
+    Hopper) per stream it has run on until the process ends, so a new stream per call would leave one behind at
+    every call."""
+    key = (torch.cuda.current_device(), purpose)
+    stream = _side_streams.get(key)
     if stream is None:
-        stream = _warmup_streams[device] = torch.cuda.Stream()
+        stream = _side_streams[key] = torch.cuda.Stream()
     return stream
 
 
 def _capture(fn: Callable[[], torch.Tensor]):
     with dispatch.graph_timing():
-        stream = _warmup_stream()
+        stream = side_stream("warmup")
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):

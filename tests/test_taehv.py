@@ -144,6 +144,39 @@ def test_one_copy_of_the_memory_at_the_end_equals_a_copy_per_block(family):
         assert not all(torch.equal(a, b) for a, b in zip(start, mems[1]))  # the memory was written
 
 
+def test_memory_projections_equal_the_memory_block_conv(family, monkeypatch):
+    """run_sequence(project=True) computes the memory half of each single-frame memory block's first conv ahead (on
+    CUDA a step does this on a side stream): the output and the memory it leaves equal the single conv over
+    [x, past] to fp32 rounding, and the blocks that skip that conv are exactly those seeing one frame per sample:
+    stage s of the base decoder sees prod(decoder_time[:s]) frames of a one-latent step; the super decoder's blocks
+    have no such conv."""
+    import math
+
+    from taesd_fast import dispatch
+    from taesd_fast.models.taehv.layers import run_sequence
+
+    name, _, model = family
+    params = FAMILIES[name]
+    time = params.get("decoder_time", (1, 2, 2))
+    single = 0 if params.get("super_decoder") else 3 * sum(math.prod(time[:s]) == 1 for s in range(3))
+    x = _latents(model, 1).flatten(0, 1)
+    start = [torch.randn(1, *m.shape[1:], generator=torch.Generator().manual_seed(i))
+             for i, m in enumerate(_first_memory(model, x))]
+    real, calls = dispatch.mem_conv, []
+    monkeypatch.setattr(dispatch, "mem_conv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs, mems, counts = [], [], []
+    for project in (False, True):
+        memory = [m.clone() for m in start]
+        calls.clear()
+        outs.append(run_sequence(model.decoder, x, 1, memory, batch_memory=True, project=project))
+        mems.append(memory)
+        counts.append(len(calls))
+    blocks = 0 if params.get("super_decoder") else 9
+    assert counts == [blocks, blocks - single]
+    assert rel_err(outs[1], outs[0]) < REL_TOL
+    assert all(rel_err(b, a) < REL_TOL for a, b in zip(*mems))
+
+
 def _first_memory(model, x):
     """The decoder's memory after one run from zeros: tensors of each block's input shape."""
     from taesd_fast.models.taehv.layers import memory_indices, run_sequence

@@ -16,6 +16,7 @@ Fast-path structure (every conv goes through `taesd_fast.dispatch`):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ... import dispatch
+from ... import dispatch, graphs
 from ...dispatch.torch_ops import past_frames
 from ..layers import Clamp, DispatchConv2d, conv1x1, conv3x3
 
@@ -68,7 +69,8 @@ class MemBlock(nn.Module):
 
     The first conv is one `dispatch.mem_conv` call on x and the block's memory: a kernel row reads each frame's
     past where it lies (the frame before it, or the memory frame), so neither the past frames nor the
-    concatenation are built."""
+    concatenation are built. With one frame per sample and the memory's half of that conv computed ahead
+    (`projected`, see `MemoryProjections`), it is a conv of x alone with `projected` as its residual."""
 
     def __init__(self, n_in: int, n_out: int):
         super().__init__()
@@ -77,11 +79,17 @@ class MemBlock(nn.Module):
         self.skip = conv1x1(n_in, n_out) if n_in != n_out else nn.Identity()
         self.act = nn.ReLU()
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor | None, frames: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None, frames: int,
+                projected: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B*frames, C, H, W], `frames` consecutive frames per sample; memory: [B, C, H, W], the block's input at
-        the frame before each sample's first (None: zeros, the start of a video)."""
+        the frame before each sample's first (None: zeros, the start of a video); projected (frames 1 only):
+        conv(memory, the first conv's past half) + its bias."""
         first, _, second, _, third = self.conv
-        h = dispatch.mem_conv(x, memory, first.weight, first.bias, frames=frames, relu=True, layer=first)
+        if projected is None:
+            h = dispatch.mem_conv(x, memory, first.weight, first.bias, frames=frames, relu=True, layer=first)
+        else:
+            weight, _ = weight_rows(first, slice(None), slice(0, x.shape[1]))
+            h = dispatch.conv2d(x, weight, None, residual=projected, relu=True, layer=first)
         h = second(h, relu=True)
         return third(h, residual=self.skip(x), relu=True)
 
@@ -208,19 +216,23 @@ def channels_to_frames(y: torch.Tensor, stride: int) -> torch.Tensor:
     return out
 
 
-def weight_rows(conv: nn.Conv2d, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight[rows], bias[rows]) as compact tensors in the weight's memory format, kept until the weight changes:
-    the kernels cache their packed weights per tensor object, so a fresh slice on every call would repack."""
+def weight_rows(conv: nn.Conv2d, rows: slice, columns: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight[rows][:, columns], bias[rows]) as compact tensors in the weight's memory format, kept until the
+    weight changes (one entry per slice pair): the kernels cache their packed weights per tensor object, so a fresh
+    slice on every call would repack."""
     w = conv.weight
-    stamp = (rows.start, rows.stop, rows.step, w.data_ptr(), w._version, w.dtype, w.device, w.stride())
-    hit = conv.__dict__.get("_rows_cache")
+    part = (rows.start, rows.stop, rows.step, columns.start, columns.stop, columns.step)
+    stamp = (w.data_ptr(), w._version, w.dtype, w.device, w.stride())
+    cache = conv.__dict__.setdefault("_rows_cache", {})
+    hit = cache.get(part)
     if hit is not None and hit[0] == stamp:
         return hit[1]
     fmt = torch.channels_last if w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() \
         else torch.contiguous_format
     with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
-        value = (w[rows].contiguous(memory_format=fmt), None if conv.bias is None else conv.bias[rows].contiguous())
-    conv.__dict__["_rows_cache"] = (stamp, value)
+        value = (w[rows][:, columns].contiguous(memory_format=fmt),
+                 None if conv.bias is None else conv.bias[rows].contiguous())
+    cache[part] = (stamp, value)
     return value
 
 
@@ -274,7 +286,7 @@ class Preview:
 
 def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
                  preview: Preview | None = None, start: int = 0, stop: int | None = None,
-                 batch_memory: bool = False) -> torch.Tensor:
+                 batch_memory: bool = False, project: bool = False) -> torch.Tensor:
     """Apply an encoder or decoder Sequential to x [batch*k, C, H, W] (k frames per sample, time-major).
 
     memory[j]: the j-th memory block's input at the frame before the first, [batch, C_j, H_j, W_j], or None for
@@ -286,18 +298,22 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
     batch_memory: write every block's memory at the end, in one multi-tensor copy, instead of one copy per block
     (the streaming step: each copy is a separate small kernel). The blocks' inputs stay alive until then, so long
     chunks do not batch.
+    project: compute the memory half of the first conv of each base memory block that sees one frame per sample
+    ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step).
     """
     modules = list(seq)
     stop = len(modules) if stop is None else stop
     mem = iter(range(sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start]), len(memory)))
     stage = sum(isinstance(m, TGrow) for m in modules[:start])
     pending: list | None = [] if batch_memory else None
+    projections = MemoryProjections(modules, x, batch, memory, preview, start, stop) if project else None
     i = start
     while i < stop:
         m = modules[i]
         nxt = modules[i + 1] if i + 1 < len(modules) else None
         if isinstance(m, (MemBlock, SuperMemBlock)):
-            x = _memory_step(m, x, batch, memory, next(mem), pending)
+            j = next(mem)
+            x = _memory_step(m, x, batch, memory, j, pending, projections and projections.take(j))
             i += 1
         elif isinstance(m, Clamp) and isinstance(nxt, DispatchConv2d):
             relu = i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)
@@ -330,19 +346,88 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
         else:  # ReLU after a conv is fused above; TPool; a lone ReLU
             x = m(x)
             i += 1
+    if projections is not None:
+        projections.join()  # before the memory is overwritten: the side stream reads it
     if pending:
         torch._foreach_copy_([dst for dst, _ in pending], [src for _, src in pending])
     return x
 
 
+class MemoryProjections:
+    """The memory half of the first conv of each base memory block that sees one frame per sample, computed before
+    its block runs: conv(memory[j], W[:, C:]) + bias, where W is the conv's [C_out, 2C, 3, 3] weight. It reads only
+    the memory, which is known when the step starts, so on CUDA these convs run on a side stream, beside the step's
+    earlier layers, and the block's first conv is then the x half alone, with the projection as its residual. In a
+    step of one latent frame that is every block of the decoder's first two stages, whose small grids leave SMs
+    idle. (Blocks of several frames would need the past half of their later frames on the step's path.)
+
+    A projection's tensor lives until the step ends (`join`), after every use on the main stream; the next step's
+    side-stream work starts behind all of this step's work, so its memory is never reused while still read."""
+
+    def __init__(self, modules: list, x: torch.Tensor, batch: int, memory: list, preview: Preview | None,
+                 start: int = 0, stop: int | None = None):
+        self.ready: dict = {}
+        blocks = _single_frame_blocks(modules, x.shape[0] // batch, preview, start, stop)
+        first_memory = sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start])
+        blocks = [(i, j) for i, j in blocks if memory[j + first_memory] is not None]
+        self.streams = (torch.cuda.current_stream(), graphs.side_stream("memory")) if x.is_cuda and blocks else None
+        if self.streams is not None:
+            self.streams[1].wait_stream(self.streams[0])
+        with torch.cuda.stream(self.streams[1]) if self.streams else contextlib.nullcontext():
+            for i, j in blocks:
+                conv = modules[i].conv[0]
+                weight, bias = weight_rows(conv, slice(None), slice(conv.in_channels // 2, None))
+                projected = dispatch.conv2d(memory[j + first_memory], weight, bias, layer=conv)
+                event = None
+                if self.streams:
+                    event = torch.cuda.Event()
+                    event.record(self.streams[1])
+                self.ready[j + first_memory] = (projected, event)
+
+    def take(self, j: int) -> torch.Tensor | None:
+        """Memory block j's projection (the main stream waits for it), or None where it has none."""
+        hit = self.ready.get(j)
+        if hit is None:
+            return None
+        if hit[1] is not None:
+            self.streams[0].wait_event(hit[1])
+        return hit[0]
+
+    def join(self) -> None:
+        """The main stream waits for the side stream (a graph capture must end joined)."""
+        if self.streams is not None:
+            self.streams[0].wait_stream(self.streams[1])
+
+
+def _single_frame_blocks(modules: list, frames: int, preview: Preview | None, start: int,
+                         stop: int | None) -> list[tuple[int, int]]:
+    """(module index, memory index counted from `start`) of each MemBlock in modules[start:stop] that sees one
+    frame per sample, given `frames` frames per sample into modules[start]."""
+    stage = sum(isinstance(m, TGrow) for m in modules[:start])
+    found, j = [], 0
+    for i in range(start, len(modules) if stop is None else stop):
+        m = modules[i]
+        if isinstance(m, TGrow):
+            frames *= m.stride if preview is None or preview.time[stage] else 1
+            stage += 1
+        elif isinstance(m, TPool):
+            frames //= m.stride
+        elif isinstance(m, (MemBlock, SuperMemBlock)):
+            if isinstance(m, MemBlock) and frames == 1:
+                found.append((i, j))
+            j += 1
+    return found
+
+
 def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j: int,
-                 pending: list | None = None) -> torch.Tensor:
+                 pending: list | None = None, projected: torch.Tensor | None = None) -> torch.Tensor:
     """One memory block over k frames: frame t's past is frame t-1's input (memory[j] for the first). The memory
     is then overwritten with the last frame, or, with a `pending` list, that copy is appended to it."""
     nt, c, h, w = x.shape
     k = nt // batch
     frames = x.reshape(batch, k, c, h, w)
-    out = block(x, memory[j], k) if isinstance(block, MemBlock) else block(x, past_frames(x, memory[j], k))
+    out = block(x, memory[j], k, projected) if isinstance(block, MemBlock) \
+        else block(x, past_frames(x, memory[j], k))
     if memory[j] is None:
         # A normal tensor even under inference_mode, so a later step outside it may update it in place.
         with torch.inference_mode(False):

@@ -396,9 +396,11 @@ class TAEHV(TinyAutoencoder):
         # until then: ~60 MB for taew2_2 at 704x1280); longer steps and the encoder's full-resolution blocks copy as
         # they go, so their peak does not grow.
         batch_memory = post and x.shape[0] == batch
+        # On CUDA, a decoder step computes its single-frame memory blocks' memory halves on a side stream.
+        project = post and x.is_cuda
 
         def step(inp: torch.Tensor) -> torch.Tensor:
-            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory)
+            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory, project=project)
             if not post:
                 return out
             nk, _, h, w = out.shape
