@@ -126,7 +126,7 @@ def test_streaming_decode_equals_parallel(family):
 def test_one_copy_of_the_memory_at_the_end_equals_a_copy_per_block(family):
     """run_sequence(batch_memory=True), the one-frame step's single multi-tensor copy, leaves the same output and the
     same memory as copying after each block, for one frame and for several."""
-    from taesd_fast.models.taehv.layers import memory_indices, run_sequence
+    from taesd_fast.models.taehv.sequence import memory_indices, run_sequence
 
     _, _, model = family
     for frames in (1, 3):
@@ -153,7 +153,7 @@ def test_memory_projections_equal_the_memory_block_conv(family, monkeypatch):
     import math
 
     from taesd_fast import dispatch
-    from taesd_fast.models.taehv.layers import run_sequence
+    from taesd_fast.models.taehv.sequence import run_sequence
 
     name, _, model = family
     params = FAMILIES[name]
@@ -179,7 +179,7 @@ def test_memory_projections_equal_the_memory_block_conv(family, monkeypatch):
 
 def _first_memory(model, x):
     """The decoder's memory after one run from zeros: tensors of each block's input shape."""
-    from taesd_fast.models.taehv.layers import memory_indices, run_sequence
+    from taesd_fast.models.taehv.sequence import memory_indices, run_sequence
 
     memory = [None] * len(memory_indices(model.decoder))
     run_sequence(model.decoder, x[:1], 1, memory)

@@ -21,8 +21,8 @@ from ...validation import as_float_dtype, check_device
 from ...value_range import warn_if_unusual_range
 from ..layers import TinyAutoencoder, preferred_format, preferred_layout
 from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
-from .layers import (TAEHVArch, Preview, build_decoder, build_encoder, live_elements, memory_indices,
-                     run_sequence, sizes_at)
+from .layers import TAEHVArch, build_decoder, build_encoder
+from .sequence import Preview, live_elements, memory_indices, run_sequence, sizes_at
 from .stream import StreamState, check_video, graphed_step, replayable
 
 CHUNK_BYTES = 3 << 29  # 1.5 GiB of activations per chunk of decode_video / encode_video (TAEHV.chunk_bytes)

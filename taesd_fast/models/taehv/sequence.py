@@ -1,0 +1,271 @@
+"""Running a TAEHV encoder or decoder Sequential over frames with the memory blocks' state, and the activation
+memory such a run needs.
+
+`run_sequence` walks a Sequential over k frames per sample given each memory block's input at the frame before the
+first one (zeros at the start of a video), and writes each block's last input back into that memory. One function
+therefore serves the whole-video decode (k = T, zero memory) and the streaming step (k = frames per step, carried
+memory). `live_elements` and `sizes_at` walk the same layer groups to size decode_video's chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ... import dispatch, graphs
+from ...dispatch.torch_ops import past_frames
+from ..layers import Clamp, DispatchConv2d
+from .layers import MemBlock, SuperMemBlock, TGrow, TPool, weight_rows
+
+
+def memory_indices(seq: nn.Sequential) -> list[int]:
+    """Positions of the memory blocks, in order: one memory tensor each."""
+    return [i for i, m in enumerate(seq) if isinstance(m, (MemBlock, SuperMemBlock))]
+
+
+@dataclass(frozen=True)
+class Preview:
+    """Per-stage switches of the decoder's upscaling (the preview knobs): False turns a stage's time or space
+    upscale off. Time off: TGrow keeps the last frame's rows of its weight. Space off: the base decoder skips the
+    nearest upsample; the super decoder keeps the top-left sub-pixel rows of the conv before its pixel shuffle (the
+    even-pixel samples of the full-resolution features)."""
+
+    time: tuple = (True, True, True)
+    space: tuple = (True, True, True)
+
+
+def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
+                 preview: Preview | None = None, start: int = 0, stop: int | None = None,
+                 batch_memory: bool = False, project: bool = False) -> torch.Tensor:
+    """Apply an encoder or decoder Sequential to x [batch*k, C, H, W] (k frames per sample, time-major).
+
+    memory[j]: the j-th memory block's input at the frame before the first, [batch, C_j, H_j, W_j], or None for
+    zeros (the start of a video); overwritten in place (or set, where None) with its input at the last frame.
+    preview: the decoder's upscale switches (None: all on).
+    start, stop: run only seq[start:stop] (x is then the input of seq[start]); both must fall between layer groups,
+    e.g. at a memory block (`memory_indices`). decode_video runs the low-resolution layers on long chunks and the
+    full-resolution ones on short chunks of their output.
+    batch_memory: write every block's memory at the end, in one multi-tensor copy, instead of one copy per block
+    (the streaming step: each copy is a separate small kernel). The blocks' inputs stay alive until then, so long
+    chunks do not batch.
+    project: compute the memory half of the first conv of each base memory block that sees one frame per sample
+    ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step).
+    """
+    modules = list(seq)
+    stop = len(modules) if stop is None else stop
+    mem = iter(range(sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start]), len(memory)))
+    stage = sum(isinstance(m, TGrow) for m in modules[:start])
+    pending: list | None = [] if batch_memory else None
+    projections = MemoryProjections(modules, x, batch, memory, preview, start, stop) if project else None
+    i = start
+    while i < stop:
+        m = modules[i]
+        nxt = modules[i + 1] if i + 1 < len(modules) else None
+        if isinstance(m, (MemBlock, SuperMemBlock)):
+            j = next(mem)
+            x = _memory_step(m, x, batch, memory, j, pending, projections and projections.take(j))
+            i += 1
+        elif isinstance(m, Clamp) and isinstance(nxt, DispatchConv2d):
+            relu = i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)
+            x = nxt(x, pre_clamp=True, relu=relu)
+            i += 3 if relu else 2
+        elif isinstance(m, nn.Upsample):  # base decoder: Upsample, TGrow, conv
+            grow, conv = modules[i + 1], modules[i + 2]
+            time_on = preview is None or preview.time[stage]
+            space_on = preview is None or preview.space[stage]
+            relu = i + 3 < len(modules) and isinstance(modules[i + 3], nn.ReLU)  # the last stage's conv
+            x = conv(grow(x, time_on), upsample=2 if space_on else 1, relu=relu)
+            stage += 1
+            i += 4 if relu else 3
+        elif isinstance(m, DispatchConv2d) and isinstance(nxt, nn.ReLU) and i + 2 < len(modules) \
+                and isinstance(modules[i + 2], nn.PixelShuffle):  # super decoder: conv, ReLU, PixelShuffle, TGrow
+            grow = modules[i + 3]
+            time_on = preview is None or preview.time[stage]
+            if preview is None or preview.space[stage]:
+                x = F.pixel_shuffle(m(x, relu=True), 2)
+            else:
+                weight, bias = weight_rows(m, slice(0, None, 4))
+                x = dispatch.conv2d(x, weight, bias, relu=True, layer=m)
+            x = grow(x, time_on)
+            stage += 1
+            i += 4
+        elif isinstance(m, DispatchConv2d):
+            relu = isinstance(nxt, nn.ReLU)
+            x = m(x, relu=relu)
+            i += 2 if relu else 1
+        else:  # ReLU after a conv is fused above; TPool; a lone ReLU
+            x = m(x)
+            i += 1
+    if projections is not None:
+        projections.join()  # before the memory is overwritten: the side stream reads it
+    if pending:
+        torch._foreach_copy_([dst for dst, _ in pending], [src for _, src in pending])
+    return x
+
+
+class MemoryProjections:
+    """The memory half of the first conv of each base memory block that sees one frame per sample, computed before
+    its block runs: conv(memory[j], W[:, C:]) + bias, where W is the conv's [C_out, 2C, 3, 3] weight. It reads only
+    the memory, which is known when the step starts, so on CUDA these convs run on a side stream, beside the step's
+    earlier layers, and the block's first conv is then the x half alone, with the projection as its residual. In a
+    step of one latent frame that is every block of the decoder's first two stages, whose small grids leave SMs
+    idle. (Blocks of several frames would need the past half of their later frames on the step's path.)
+
+    A projection's tensor lives until the step ends (`join`), after every use on the main stream; the next step's
+    side-stream work starts behind all of this step's work, so its memory is never reused while still read."""
+
+    def __init__(self, modules: list, x: torch.Tensor, batch: int, memory: list, preview: Preview | None,
+                 start: int = 0, stop: int | None = None):
+        self.ready: dict = {}
+        blocks = _single_frame_blocks(modules, x.shape[0] // batch, preview, start, stop)
+        first_memory = sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start])
+        blocks = [(i, j) for i, j in blocks if memory[j + first_memory] is not None]
+        self.streams = (torch.cuda.current_stream(), graphs.side_stream("memory")) if x.is_cuda and blocks else None
+        if self.streams is not None:
+            self.streams[1].wait_stream(self.streams[0])
+        with torch.cuda.stream(self.streams[1]) if self.streams else contextlib.nullcontext():
+            for i, j in blocks:
+                conv = modules[i].conv[0]
+                weight, bias = weight_rows(conv, slice(None), slice(conv.in_channels // 2, None))
+                projected = dispatch.conv2d(memory[j + first_memory], weight, bias, layer=conv)
+                event = None
+                if self.streams:
+                    event = torch.cuda.Event()
+                    event.record(self.streams[1])
+                self.ready[j + first_memory] = (projected, event)
+
+    def take(self, j: int) -> torch.Tensor | None:
+        """Memory block j's projection (the main stream waits for it), or None where it has none."""
+        hit = self.ready.get(j)
+        if hit is None:
+            return None
+        if hit[1] is not None:
+            self.streams[0].wait_event(hit[1])
+        return hit[0]
+
+    def join(self) -> None:
+        """The main stream waits for the side stream (a graph capture must end joined)."""
+        if self.streams is not None:
+            self.streams[0].wait_stream(self.streams[1])
+
+
+def _single_frame_blocks(modules: list, frames: int, preview: Preview | None, start: int,
+                         stop: int | None) -> list[tuple[int, int]]:
+    """(module index, memory index counted from `start`) of each MemBlock in modules[start:stop] that sees one
+    frame per sample, given `frames` frames per sample into modules[start]."""
+    stage = sum(isinstance(m, TGrow) for m in modules[:start])
+    found, j = [], 0
+    for i in range(start, len(modules) if stop is None else stop):
+        m = modules[i]
+        if isinstance(m, TGrow):
+            frames *= m.stride if preview is None or preview.time[stage] else 1
+            stage += 1
+        elif isinstance(m, TPool):
+            frames //= m.stride
+        elif isinstance(m, (MemBlock, SuperMemBlock)):
+            if isinstance(m, MemBlock) and frames == 1:
+                found.append((i, j))
+            j += 1
+    return found
+
+
+def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j: int,
+                 pending: list | None = None, projected: torch.Tensor | None = None) -> torch.Tensor:
+    """One memory block over k frames: frame t's past is frame t-1's input (memory[j] for the first). The memory
+    is then overwritten with the last frame, or, with a `pending` list, that copy is appended to it."""
+    nt, c, h, w = x.shape
+    k = nt // batch
+    frames = x.reshape(batch, k, c, h, w)
+    out = block(x, memory[j], k, projected) if isinstance(block, MemBlock) \
+        else block(x, past_frames(x, memory[j], k))
+    if memory[j] is None:
+        # A normal tensor even under inference_mode, so a later step outside it may update it in place.
+        with torch.inference_mode(False):
+            memory[j] = torch.empty_like(frames[:, -1])
+    if pending is None:
+        memory[j].copy_(frames[:, -1])
+    else:
+        pending.append((memory[j], frames[:, -1]))
+    return out
+
+
+def live_elements(seq: nn.Sequential, channels: int, height: int, width: int, frames: int = 1,
+                  preview: Preview | None = None, output_copies: int = 0, start: int = 0,
+                  stop: int | None = None) -> int:
+    """The most activation elements alive at once while `run_sequence` takes `frames` frames of `channels` x
+    height x width through seq[start:stop] (weights and seq's input itself not counted), on the dispatcher's
+    PyTorch path: a conv's ReLU or residual add is a second output-sized tensor, the base decoder's nearest
+    upsample a tensor of its own. decode_video / encode_video size their chunks of frames by it, so a long video's
+    decode needs the memory of one chunk plus its output. `output_copies`: how many copies of the segment's output
+    are alive together after it (the decoder's output, pixel shuffle and clamp: 3)."""
+    peak, (c, px, f) = 0, (channels, height * width, frames)
+    for first, group_peak, after in _groups(seq, channels, height * width, frames, preview):
+        if stop is not None and first >= stop:
+            break
+        if first >= start:
+            peak = max(peak, group_peak)
+        c, px, f = after
+    return max(peak, output_copies * c * px * f)
+
+
+def sizes_at(seq: nn.Sequential, channels: int, height: int, width: int, index: int | None, frames: int = 1,
+             preview: Preview | None = None) -> tuple[int, int, int]:
+    """(channels, pixels per frame, frames) of the input of seq[index] (None: of seq's output), for `frames`
+    frames of channels x height x width into seq."""
+    sizes = (channels, height * width, frames)
+    for first, _, after in _groups(seq, channels, height * width, frames, preview):
+        if index is not None and first >= index:
+            break
+        sizes = after
+    return sizes
+
+
+def _groups(seq: nn.Sequential, c: int, px: int, f: int, preview: Preview | None):
+    """Walk seq as `run_sequence` groups its layers: yields (the group's first index, the elements alive together
+    in the group, (channels, pixels, frames) of its output). A memory block holds its input, the past frames, the
+    concatenation and its convs' outputs; an upsample group its input, TGrow's output, the upsampled tensor and
+    the conv's outputs."""
+    modules = list(seq)
+    stage, i = 0, 0
+    while i < len(modules):
+        m = modules[i]
+        size = c * px * f
+        first = i
+        if isinstance(m, MemBlock):  # at the first conv: x, past, cat, 2 outputs; at the last: x, past, 5 outputs
+            n_in, n_out = m.conv[0].in_channels // 2, m.conv[0].out_channels
+            peak = max(4 * n_in + 2 * n_out, 2 * n_in + 5 * n_out) * px * f
+            c, i = n_out, i + 1
+        elif isinstance(m, SuperMemBlock):  # x, past, the depthwise output (2c), the expansion and its ReLU (4c each)
+            peak, i = 12 * size, i + 1
+        elif isinstance(m, Clamp):  # the input, its soft clamp, the conv's 2 outputs
+            conv = modules[i + 1]
+            peak = max(3 * size, 2 * size + 2 * conv.out_channels * px * f)
+            c, i = conv.out_channels, i + 2
+        elif isinstance(m, nn.Upsample):  # the input, TGrow's output, the upsampled tensor, the conv's 2 outputs
+            grow, conv = modules[i + 1], modules[i + 2]
+            t = grow.stride if preview is None or preview.time[stage] else 1
+            s = 4 if preview is None or preview.space[stage] else 1
+            peak = size + c * px * f * t + (c + 2 * conv.out_channels) * s * px * f * t
+            c, px, f, stage, i = conv.out_channels, s * px, f * t, stage + 1, i + 3
+        elif isinstance(m, DispatchConv2d) and i + 2 < len(modules) and isinstance(modules[i + 2], nn.PixelShuffle):
+            grow = modules[i + 3]  # the super decoder's conv, ReLU, pixel shuffle, TGrow
+            t = grow.stride if preview is None or preview.time[stage] else 1
+            s = 4 if preview is None or preview.space[stage] else 1
+            c_out = grow.conv.in_channels
+            wide = c_out * s * px * f  # the conv's output (its kept rows when the space upscale is off)
+            peak = max(size + 3 * wide, wide + c_out * s * px * f * (1 + t))  # + ReLU, shuffle; then TGrow
+            c, px, f, stage, i = c_out, s * px, f * t, stage + 1, i + 4
+        elif isinstance(m, DispatchConv2d):
+            px_out = px // (m.stride[0] * m.stride[0])
+            peak = size + 2 * m.out_channels * px_out * f
+            c, px, i = m.out_channels, px_out, i + 1
+        elif isinstance(m, TPool):
+            peak = size + 2 * size // m.stride
+            f, i = f // m.stride, i + 1
+        else:  # a ReLU: fused into the conv before it
+            peak, i = 0, i + 1
+        yield first, peak, (c, px, f)
