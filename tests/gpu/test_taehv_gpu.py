@@ -106,6 +106,42 @@ def test_graphed_step_equals_eager_and_parallel(family, mode):
     assert graphed[-1].data_ptr() != state._graph.output.data_ptr()  # the caller's frames are their own
 
 
+@pytest.mark.parametrize("mode", ["auto", "kernels"])
+def test_step_within_2x_of_torch_fp16_error(family, mode, no_tf32, monkeypatch):
+    """A stream of decode_step calls (graph replays; in a base decoder the one-frame memory blocks' past halves run
+    on a side stream) against the float64 reference, within 2x PyTorch fp16's own error; and a step with memory
+    skips the memory-block conv in exactly those blocks: 3 per stage that sees one frame of a one-latent step."""
+    if mode == "kernels" and kernels_unavailable_reason() is not None:
+        pytest.skip(f"taesd_fast kernels unavailable: {kernels_unavailable_reason()}")
+    name, state, m16, _ = family
+    latents = torch.randn(1, 4, m16.latent_channels, 6, 10, generator=torch.Generator().manual_seed(2))
+    expected = ReferenceTAEHV(state).decode_video(latents)
+    z16 = latents.cuda().half()
+    with torch.no_grad():
+        with dispatch.backend("torch"):
+            torch_frames = m16.decode_video(z16)
+        with dispatch.backend(mode):
+            frames, stream = [], None
+            for t in range(4):
+                out, stream = m16.decode_step(z16[:, t], stream)
+                frames.append(out)
+            assert stream._graph is not None, "the stream never replayed a graph"
+            calls, real = [], dispatch.mem_conv
+            monkeypatch.setattr(dispatch, "mem_conv", lambda *a, **k: calls.append(1) or real(*a, **k))
+            m16.cuda_graphs = False
+            try:
+                m16.decode_step(z16[:, 0], stream)
+            finally:
+                m16.cuda_graphs = True
+    e_fast, e_torch = _rel(torch.cat(frames, 1), expected), _rel(torch_frames, expected)
+    print(f"\n{name} {mode} step: rel err {e_fast:.3e}, PyTorch fp16 decode_video {e_torch:.3e}")
+    assert e_fast <= 2 * e_torch + 1e-6, (e_fast, e_torch)
+    f = FAMILIES[name]
+    time = f.get("decoder_time", (1, 2, 2))
+    single = 3 * sum(math.prod(time[:s]) == 1 for s in range(3))
+    assert len(calls) == (0 if f.get("super_decoder") else 9 - single)
+
+
 def test_graphed_uint8_step(family):
     _, _, m16, _ = family
     latents = torch.randn(1, 4, m16.latent_channels, 11, 20, device="cuda", dtype=torch.float16)
