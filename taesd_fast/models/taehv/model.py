@@ -396,8 +396,9 @@ class TAEHV(TinyAutoencoder):
         # until then: ~60 MB for taew2_2 at 704x1280); longer steps and the encoder's full-resolution blocks copy as
         # they go, so their peak does not grow.
         batch_memory = post and x.shape[0] == batch
-        # On CUDA, a decoder step computes its single-frame memory blocks' memory halves on a side stream.
-        project = post and x.is_cuda
+        # On CUDA, a decoder step computes its single-frame memory blocks' memory halves on a side stream (not while
+        # torch.compile traces: it would have to trace the streams and events).
+        project = post and x.is_cuda and not torch.compiler.is_compiling()
 
         def step(inp: torch.Tensor) -> torch.Tensor:
             out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory, project=project)
