@@ -427,8 +427,8 @@ def test_memory_estimate_bounds_the_measured_peak(part, tile):
     # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, and then keeps later blocks of that
     # size resident after their free, so the measured peak would depend on what the process freed before.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
-    result = subprocess.run([sys.executable, "-c", MEASURE_PEAK, part, tile], capture_output=True, text=True, check=False,
-                            cwd=REPO_ROOT, timeout=300, env=env)
+    result = subprocess.run([sys.executable, "-c", MEASURE_PEAK, part, tile], capture_output=True, text=True,
+                            check=False, cwd=REPO_ROOT, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     measured, estimate = map(int, result.stdout.split())
     print(f"{part} tile={tile}: measured {measured / 2**20:.0f} MiB, estimated {estimate / 2**20:.0f} MiB")

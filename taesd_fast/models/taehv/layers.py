@@ -65,7 +65,7 @@ class MemBlock(nn.Module):
     The first conv is one `dispatch.mem_conv` call on x and the block's memory: a kernel row reads each frame's
     past where it lies (the frame before it, or the memory frame), so neither the past frames nor the
     concatenation are built. With one frame per sample and the memory's half of that conv computed ahead
-    (`projected`, see `MemoryProjections`), it is a conv of x alone with `projected` as its residual."""
+    (`projected`, see `sequence.MemoryProjections`), it is a conv of x alone with `projected` as its residual."""
 
     def __init__(self, n_in: int, n_out: int):
         super().__init__()
