@@ -83,10 +83,15 @@ class MemBlock(nn.Module):
         if projected is None:
             h = dispatch.mem_conv(x, memory, first.weight, first.bias, frames=frames, relu=True, layer=first)
         else:
-            weight, _ = weight_rows(first, slice(None), slice(0, x.shape[1]))
-            h = dispatch.conv2d(x, weight, None, residual=projected, relu=True, layer=first)
+            h = dispatch.conv2d(x, self.first_half(past=False)[0], None, residual=projected, relu=True, layer=first)
         h = second(h, relu=True)
         return third(h, residual=self.skip(x), relu=True)
+
+    def first_half(self, past: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the first conv's weight columns that read x, or with past=True those that read the past; its bias), as
+        cached compact tensors (`weight_rows`)."""
+        first, n_in = self.conv[0], self.conv[0].in_channels // 2
+        return weight_rows(first, slice(None), slice(n_in, None) if past else slice(0, n_in))
 
 
 class SuperMemBlock(nn.Module):

@@ -53,14 +53,16 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
     (the streaming step: each copy is a separate small kernel). The blocks' inputs stay alive until then, so long
     chunks do not batch.
     project: compute the memory half of the first conv of each base memory block that sees one frame per sample
-    ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step).
+    ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step, which runs the whole Sequential).
     """
     modules = list(seq)
     stop = len(modules) if stop is None else stop
     mem = iter(range(sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start]), len(memory)))
     stage = sum(isinstance(m, TGrow) for m in modules[:start])
     pending: list | None = [] if batch_memory else None
-    projections = MemoryProjections(modules, x, batch, memory, preview, start, stop) if project else None
+    if project and (start, stop) != (0, len(modules)):
+        raise ValueError(f"run_sequence(project=True) runs the whole Sequential, got layers {start}:{stop}")
+    projections = MemoryProjections(seq, x.shape[0] // batch, x.is_cuda, memory, preview) if project else None
     i = start
     while i < stop:
         m = modules[i]
@@ -118,25 +120,21 @@ class MemoryProjections:
     A projection's tensor lives until the step ends (`join`), after every use on the main stream; the next step's
     side-stream work starts behind all of this step's work, so its memory is never reused while still read."""
 
-    def __init__(self, modules: list, x: torch.Tensor, batch: int, memory: list, preview: Preview | None,
-                 start: int = 0, stop: int | None = None):
+    def __init__(self, seq: nn.Sequential, frames: int, cuda: bool, memory: list, preview: Preview | None):
+        """seq: the Sequential a step runs, with `frames` frames per sample into it; memory: its blocks' memory."""
         self.ready: dict = {}
-        blocks = _single_frame_blocks(modules, x.shape[0] // batch, preview, start, stop)
-        first_memory = sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start])
-        blocks = [(i, j) for i, j in blocks if memory[j + first_memory] is not None]
-        self.streams = (torch.cuda.current_stream(), graphs.side_stream("memory")) if x.is_cuda and blocks else None
+        blocks = [(seq[i], j) for i, j in _single_frame_blocks(seq, frames, preview) if memory[j] is not None]
+        self.streams = (torch.cuda.current_stream(), graphs.side_stream("memory")) if cuda and blocks else None
         if self.streams is not None:
             self.streams[1].wait_stream(self.streams[0])
         with torch.cuda.stream(self.streams[1]) if self.streams else contextlib.nullcontext():
-            for i, j in blocks:
-                conv = modules[i].conv[0]
-                weight, bias = weight_rows(conv, slice(None), slice(conv.in_channels // 2, None))
-                projected = dispatch.conv2d(memory[j + first_memory], weight, bias, layer=conv)
+            for block, j in blocks:
+                projected = dispatch.conv2d(memory[j], *block.first_half(past=True), layer=block.conv[0])
                 event = None
                 if self.streams:
                     event = torch.cuda.Event()
                     event.record(self.streams[1])
-                self.ready[j + first_memory] = (projected, event)
+                self.ready[j] = (projected, event)
 
     def take(self, j: int) -> torch.Tensor | None:
         """Memory block j's projection (the main stream waits for it), or None where it has none."""
@@ -153,23 +151,15 @@ class MemoryProjections:
             self.streams[0].wait_stream(self.streams[1])
 
 
-def _single_frame_blocks(modules: list, frames: int, preview: Preview | None, start: int,
-                         stop: int | None) -> list[tuple[int, int]]:
-    """(module index, memory index counted from `start`) of each MemBlock in modules[start:stop] that sees one
-    frame per sample, given `frames` frames per sample into modules[start]."""
-    stage = sum(isinstance(m, TGrow) for m in modules[:start])
-    found, j = [], 0
-    for i in range(start, len(modules) if stop is None else stop):
-        m = modules[i]
-        if isinstance(m, TGrow):
-            frames *= m.stride if preview is None or preview.time[stage] else 1
-            stage += 1
-        elif isinstance(m, TPool):
-            frames //= m.stride
-        elif isinstance(m, (MemBlock, SuperMemBlock)):
-            if isinstance(m, MemBlock) and frames == 1:
-                found.append((i, j))
-            j += 1
+def _single_frame_blocks(seq: nn.Sequential, frames: int, preview: Preview | None) -> list[tuple[int, int]]:
+    """(module index, memory index) of each MemBlock of seq that sees one frame per sample, for `frames` frames per
+    sample into seq[0] (the frame counts of `_groups`, the walk that sizes decode_video's chunks)."""
+    memory = memory_indices(seq)
+    found = []
+    for first, _, (_, _, after) in _groups(seq, 1, 1, frames, preview):
+        if isinstance(seq[first], MemBlock) and frames == 1:
+            found.append((first, memory.index(first)))
+        frames = after
     return found
 
 
