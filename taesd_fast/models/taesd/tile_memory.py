@@ -4,10 +4,11 @@ The estimate walks the encoder/decoder Sequential and finds its widest activatio
 channels at full resolution for every f8 variant; TAEF2's untiled GroupNorm branch holds 256 channels at 1/64 of the
 pixels, 4 per pixel). While a layer runs, about LIVE activations of that width are alive at once: a Block keeps its
 input for the skip while its convs read one buffer and write another, and the CPU convolution adds a workspace.
-LIVE comes from measurement: an untiled CPU fp32 decode of the real TAEF2 at 768 px peaked at 4.5x its widest
-activation (653 MiB above the process's prior size); with LIVE = 4.5 the estimates of 256 px tiled runs are 1.0x
-(decode) and 1.17x (encode) their measured peaks. tests/test_tiling.py::test_memory_estimate_bounds_the_measured_peak
-re-measures these in a subprocess.
+LIVE comes from measurement: an untiled CPU fp32 decode of the real TAEF2 at 768 px peaked at about 4x its widest
+activation, so LIVE = 4.5 estimates 1.12x of that peak. With tiling.memory_needed's phases, the estimates of 256 px
+tiles on the CPU are 1.10x (decode) and 1.16x (encode) of the measured peaks. On an H200 in fp16 (bundled TAEF2,
+768-2048 px, tiles of 256 and 512) they were 1.07-1.36x, and 1.12x untiled; never below the peak.
+tests/test_tiling.py::test_memory_estimate_bounds_the_measured_peak re-measures the CPU cases in a subprocess.
 """
 
 from __future__ import annotations
