@@ -66,6 +66,16 @@ def test_profile_lists_the_kernels_of_one_call(tmp_path, monkeypatch):
     assert shares[0] >= shares[1] >= shares[2] and abs(sum(shares) - 100) < 0.5, shares
 
 
+def test_profile_ncu_window_needs_cuda(capsys):
+    """--ncu-window brackets one call for Nsight Compute; without a CUDA device it stops with a one-line error."""
+    profile = load_tool(TOOLS / "profile_taehv.py")
+    with pytest.raises(SystemExit) as stop:
+        profile.main(["--device", "cpu", "--small", "--step", "--ncu-window"])
+    assert stop.value.code == 2
+    assert "--ncu-window needs a CUDA device (Nsight Compute profiles GPU kernels), got --device cpu" in \
+        capsys.readouterr().err
+
+
 def test_profile_of_the_streaming_step_counts_one_step(tmp_path, monkeypatch):
     """--step: the groups cover one decode_step of one latent frame (its FLOPs are PyTorch's count of that step)."""
     profile = load_tool(TOOLS / "profile_taehv.py")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-layer-group profile of a TAEHV `decode_video`: where the time goes, against the hardware's floors.
+r"""Per-layer-group profile of a TAEHV `decode_video`: where the time goes, against the hardware's floors.
 
     python3 tools/profile_taehv.py [--variant taew2_2] [--latents 31] [--size 704x1280] [--runs 7] [--kernels 20]
     python3 tools/profile_taehv.py --step [--uint8] [--variant taew2_1 --size 320x512] --kernels 30
@@ -18,6 +18,13 @@ N costliest kernels of one call as the user runs it (a whole-call CUDA-graph rep
 the copies and glue no group owns. --step profiles the streaming step instead: `decode_step` of one latent frame on
 a stream already under way (a replay of the step's graph where the table says replay), --uint8 with uint8 frames.
 With $OUT set, the tables go there as profile_taehv_<variant>[_step].md.
+
+--ncu-window skips the tables: after the same warm-up it runs one call (a graph replay) between
+cudaProfilerStart and cudaProfilerStop, for Nsight Compute to profile kernel by kernel. To redo BENCHMARKS.md's ncu
+table of the step (taken with these ncu options around the same window):
+    ncu --clock-control none --profile-from-start off --graph-profiling node --target-processes application-only \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --csv --page details \
+        python3 tools/profile_taehv.py --step --uint8 --variant taew2_1 --size 320x512 --ncu-window
 """
 
 from __future__ import annotations
@@ -196,7 +203,7 @@ def kernel_rows(call, cuda: bool, top: int) -> list[str]:
 
 def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtype: torch.dtype, runs: int,
             backend: str, peak_tflops: float, peak_gbs: float, kernels: int = 0, step: bool = False,
-            uint8: bool = False, layers: bool = False) -> str:
+            uint8: bool = False, layers: bool = False, ncu_window: bool = False) -> str:
     """The markdown report (header lines and the table) of one decode_video profile (with `step`, of one
     decode_step of one latent frame, uint8 frames with `uint8`); with `kernels`, also the table of the kernels
     one call (a replay, on CUDA) runs, the `kernels` largest by time; with `layers`, the dispatcher's table (the
@@ -232,6 +239,15 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
             model.cuda_graphs = False
         # What the warm-up did not tune must not start a tuning process in the middle of the measurement.
         after_warmup.enter_context(dispatch.tuning("off"))
+        if ncu_window:  # one replayed call, alone between the profiler marks
+            model.cuda_graphs = True
+            decode(), decode()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            decode()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            return f"{variant}: one {'decode_step' if step else 'decode_video'} replay ran between cudaProfilerStart/Stop"
         rec.marks.clear()
         runs_ms = []
         for _ in range(runs):
@@ -320,9 +336,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--step", action="store_true", help="profile decode_step of one latent frame, not decode_video")
     ap.add_argument("--uint8", action="store_true", help="with --step: uint8 frames")
     ap.add_argument("--table", action="store_true", help="also the dispatcher's per-layer table")
+    ap.add_argument("--ncu-window", action="store_true",
+                    help="no tables: one replayed call between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     args = ap.parse_args(argv)
     if args.uint8 and not args.step:
         ap.error("--uint8 goes with --step (decode_video returns float frames)")
+    if args.ncu_window and not args.device.startswith("cuda"):
+        ap.error(f"--ncu-window needs a CUDA device (Nsight Compute profiles GPU kernels), got --device {args.device}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA GPU; use --device cpu")
     dtype = getattr(torch, args.dtype or ("float16" if args.device.startswith("cuda") else "float32"))
@@ -333,9 +353,9 @@ def main(argv: list[str] | None = None) -> None:
         p = VARIANTS[args.variant].patch_size
         latents, size = SMALL["latents"], (SMALL["size"][0] * p, SMALL["size"][1] * p)
     report = profile(args.variant, latents, size, args.device, dtype, args.runs, args.backend, args.peak_tflops,
-                     args.peak_gbs, args.kernels, args.step, args.uint8, args.table)
+                     args.peak_gbs, args.kernels, args.step, args.uint8, args.table, args.ncu_window)
     print(report, flush=True)
-    if os.environ.get("OUT"):
+    if os.environ.get("OUT") and not args.ncu_window:
         path = Path(os.environ["OUT"]) / f"profile_taehv_{args.variant}{'_step' if args.step else ''}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report + "\n")
