@@ -207,7 +207,8 @@ def profile(variant: str, latents: int, size: tuple[int, int], device: str, dtyp
     """The markdown report (header lines and the table) of one decode_video profile (with `step`, of one
     decode_step of one latent frame, uint8 frames with `uint8`); with `kernels`, also the table of the kernels
     one call (a replay, on CUDA) runs, the `kernels` largest by time; with `layers`, the dispatcher's table (the
-    row each conv ran and the timings that chose it)."""
+    row each conv ran and the timings that chose it). With `ncu_window`, no tables: after the warm-up, one replayed
+    call between cudaProfilerStart/Stop, and a line saying so."""
     cuda = device.startswith("cuda")
     model = random_decoder(variant).to(device=device, dtype=dtype)
     side = model.space_upscale

@@ -149,8 +149,7 @@ def memory_needed(model, part: str, x: torch.Tensor, tile: int | None, overlap: 
     largest of three phases that run one after another: the untiled head (TAEF2's GroupNorm layers before the
     tiles: LIVE x its widest activation), the tiles (LIVE x the widest activation over one window, plus their
     whole-image input and the stitched output, both held throughout), and the untiled tail (LIVE x its widest
-    activation, plus the stitched output it reads). Adding the phases up instead overshot the peaks measured on an
-    H200 by up to 2.3x at 256 px tiles; as a maximum the estimate is 1.07-1.36x of them (tile_memory)."""
+    activation, plus the stitched output it reads). How close that lands to measured peaks: tile_memory."""
     height, width = image_size(model, part, x)
     f = model.downscale
     head, middle, tail = split_global(part, getattr(model, part))
