@@ -25,6 +25,9 @@ table of the step (taken with these ncu options around the same window):
     ncu --clock-control none --profile-from-start off --graph-profiling node --target-processes application-only \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --csv --page details \
         python3 tools/profile_taehv.py --step --uint8 --variant taew2_1 --size 320x512 --ncu-window
+Run the same command once without ncu first, with the same TAESD_FAST_CACHE_DIR: tuning that runs under ncu times
+the rows inside the profiled process and has picked other rows than a user's step runs (BENCHMARKS.md,
+"Fifteenth session").
 """
 
 from __future__ import annotations
