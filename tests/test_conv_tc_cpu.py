@@ -262,6 +262,24 @@ def test_tma_config_follows_the_grid():
     assert triton_conv_tma.grid_tiles((1, 256, 44, 80), 2) == 4 * 6 * 5  # per phase of the upsample fold
 
 
+def test_tma_one_row_tiles_where_the_width_allows():
+    """row_config: 128-pixel one-row tiles with TMA weight loads for 64 output channels at widths that are multiples
+    of 128 (stride 1, or the upsample fold's low-res width), not at narrower outputs or other widths; for more
+    channels on small grids only (TAEHV's one-frame step), 128-wide channel blocks, 64-pixel tiles at a width of 64."""
+    cpu, T = torch.device("cpu"), triton_conv_tma
+    row128 = T.TMAConfig(128, 4, 3, 128, weight_tma=True)
+    assert T.shape_config(64, (1, 64, 256, 256), 1, cpu) == row128
+    assert T.shape_config(64, (4, 64, 160, 256), 2, cpu) == row128  # the fold's grid is the input's
+    assert T.shape_config(64, (62, 64, 176, 320), 1, cpu) == T.default_config(64)  # 320: 64-pixel tiles lost
+    assert T.shape_config(64, (64, 64, 64, 64), 1, cpu) == T.default_config(64)
+    assert T.shape_config(3, (4, 64, 320, 512), 1, cpu) == T.default_config(3)  # narrow outputs lost
+    assert T.shape_config(256, (1, 256, 40, 64), 1, cpu) == T.TMAConfig(64, 4, 3, 64, block_n=128, weight_tma=True)
+    assert T.shape_config(128, (1, 128, 80, 128), 1, cpu) == T.TMAConfig(128, 4, 3, 128, block_n=128,
+                                                                        weight_tma=True)
+    assert T.shape_config(256, (16, 256, 40, 64), 1, cpu) == T.default_config(256)  # a full grid: unchanged
+    assert T.shape_config(256, (1, 256, 44, 80), 1, cpu).tile_w == 16  # 80 is no multiple of 64
+
+
 def test_tma_operands_are_copied_to_an_aligned_base():
     """TMA needs a 16-byte aligned base: a channels_last view starting 2 bytes into its buffer is copied (same
     values), an aligned one is used as it is."""
@@ -360,6 +378,11 @@ CASES = {
     "tma_nchw_input": (1, 16, 32, 5, 6, 1, 1, True, True, False, False, None, "nchw"),
     "tma_256to256_small_grid_default": (1, 32, 256, 4, 6, 1, 1, True, True, True, False, None, "cl"),
     "tma_128to192_64_wide_blocks": (1, 64, 192, 5, 6, 1, 1, True, True, True, False, (32, 4, 3, 8, 0, 64), "cl"),
+    # one-row tiles with TMA weight loads (row_config), rows and columns past the edges
+    "tma_one_row_weight_tma": (2, 64, 64, 3, 20, 1, 1, True, True, True, False, (16, 4, 3, 16, 0, 0, True), "cl"),
+    "tma_one_row_up2_blocks": (1, 64, 256, 2, 12, 1, 2, True, False, True, False, (16, 4, 3, 16, 0, 128, True), "cl"),
+    "tma_weight_tma_2d_tiles": (1, 32, 48, 5, 6, 1, 1, True, True, True, False, (16, 4, 2, 8, 0, 0, True), "cl"),
+    "tma_row_config_default": (1, 64, 64, 2, 128, 1, 1, True, True, True, False, None, "cl"),
 }
 
 

@@ -1,6 +1,7 @@
 """The tensor-core conv's TMA kernel (row "triton_conv_tma", Hopper+): the same implicit GEMM as triton_conv's pointer
-kernel, but each program owns a 2-D tile of TILE_H x TILE_W output pixels and loads every tap's input box
-[1, TILE_H, TILE_W, BLOCK_K] with one TMA copy from a 4-D NHWC descriptor. The TMA unit zero-fills the parts of a box
+kernel, but each program owns a 2-D tile of TILE_H x TILE_W output pixels (one row of 64 or 128 where the width
+allows: `row_config`) and loads every tap's input box [1, TILE_H, TILE_W, BLOCK_K] with one TMA copy from a 4-D NHWC
+descriptor, and with `weight_tma` the weight slice by a second one. The TMA unit zero-fills the parts of a box
 outside the image (negative or too large coordinates), so the conv's zero padding costs no masks and no per-pixel
 address maths; the pointer kernel spends its issue slots on that arithmetic.
 
@@ -43,6 +44,7 @@ class TMAConfig:
     tile_w: int = 16
     persistent: int = 0
     block_n: int = 0
+    weight_tma: bool = False  # the weight slice by a TMA copy (else per-thread loads)
 
     def n_block(self, p) -> int:
         """The program's output channels for plan p (block_n must divide p.n_pad)."""
@@ -80,8 +82,26 @@ def device_sms(device: torch.device) -> int:
 
 
 def shape_config(c_out: int, x_shape, upsample: int, device: torch.device) -> TMAConfig:
-    """The config a call of this shape launches with (default_config on the call's grid)."""
-    return default_config(c_out, grid_tiles(x_shape, upsample), device_sms(device))
+    """The config a call of this shape launches with: row_config where it applies, else default_config on the
+    call's grid."""
+    base = default_config(c_out, grid_tiles(x_shape, upsample), device_sms(device))
+    return row_config(c_out, x_shape[3], base) or base
+
+
+def row_config(c_out: int, width: int, base: TMAConfig) -> TMAConfig | None:
+    """One-row tiles with TMA weight loads, three stages, or None. The grid's width (stride 1: the input's; the
+    upsample fold's low-res grid) must be a multiple of the tile: a [1, 1, W, K] input box is the MMA's [M, K]
+    operand in shared memory as it lies, so wgmma reads it there, where Triton 3.6 moves a box of several rows
+    through registers (ldmatrix) behind CTA barriers first. Taken for 64 output channels at widths that are
+    multiples of 128 (128-pixel tiles), and for more channels on small grids only (`base` took 64-wide channel
+    blocks: TAEHV's one-frame step), in 128-wide channel blocks, at multiples of 64. The H200 timings, where it
+    wins and where it lost (narrower outputs, 64-pixel tiles at 64 channels): BENCHMARKS.md, sixteenth session."""
+    if 32 < c_out <= 64 and width % 128 == 0:
+        return TMAConfig(128, 4, 3, 128, weight_tma=True)
+    if c_out > 64 and base.block_n == 64 and width % 64 == 0:
+        tile = 128 if width % 128 == 0 else 64
+        return TMAConfig(tile, 4, 3, tile, block_n=128, weight_tma=True)
+    return None
 
 
 def unsupported_reason(c_in: int, stride: int, pre_clamp: bool, block_k: int, tile_w: int, block_m: int,
@@ -104,27 +124,28 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["GH", "GW", "Ho", "Wo", "TILES_Y", "TILES_X", "NUM_TILES", "NUM_PROGS"])
     def _conv3x3_tc_tma_kernel(
-        x_desc, w_ptr, b_ptr, r_ptr, y_ptr,
+        x_desc, w_desc, w_ptr, b_ptr, r_ptr, y_ptr,
         GH, GW, Ho, Wo, TILES_Y, TILES_X,  # GH x GW: the grid of output pixels (per phase for the upsample fold)
         NUM_TILES, NUM_PROGS,  # persistent launches loop over tiles pid, pid + NUM_PROGS, ...
         C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
         UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PERSISTENT: tl.constexpr, PDL: tl.constexpr,
+        PERSISTENT: tl.constexpr, PDL: tl.constexpr, WEIGHT_TMA: tl.constexpr,
     ):
         pdl_start(PDL)
         # PERSISTENT flattens the tile and K loops into one software pipeline, so the next tile's loads are in
         # flight during this tile's epilogue (K is only 9 steps: fill and drain are a large part of each tile).
         for pid in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGS, flatten=PERSISTENT):
-            _tma_tile(x_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X, C_OUT, N_PAD, K_ROWS,
-                      CHUNKS, KS, UPSAMPLE, HAS_BIAS, HAS_RES, RELU, TILE_H, TILE_W, BLOCK_N, BLOCK_K)
+            _tma_tile(x_desc, w_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X, C_OUT, N_PAD,
+                      K_ROWS, CHUNKS, KS, UPSAMPLE, HAS_BIAS, HAS_RES, RELU, TILE_H, TILE_W, BLOCK_N, BLOCK_K, WEIGHT_TMA)
 
     @triton.jit
     def _tma_tile(
-        x_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X,
+        x_desc, w_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X,
         C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
         UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        WEIGHT_TMA: tl.constexpr,
     ):
         BLOCK_M: tl.constexpr = TILE_H * TILE_W
         phase, t, py, px = upsample_phase(pid, UPSAMPLE)
@@ -137,7 +158,10 @@ if triton is not None:
             c0 = (kk % CHUNKS) * BLOCK_K
             # Box origin may be -1 or run past the image: TMA fills those pixels with zeros (the conv's padding).
             a = x_desc.load([img, gy0 + py - 1 + tap // KS, gx0 + px - 1 + tap % KS, c0])
-            wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
+            if WEIGHT_TMA:  # one TMA copy of the [BLOCK_K, BLOCK_N] slice instead of per-thread loads
+                wt = w_desc.load([phase * K_ROWS + kk * BLOCK_K, (tl.program_id(1) * BLOCK_N) if C_OUT > BLOCK_N else 0])
+            else:
+                wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
             acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
 
         rm = tl.arange(0, BLOCK_M)
@@ -181,13 +205,15 @@ def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor 
     with on_device(x):
         x_desc = TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, tile_h, tile_w, p.block_k])
         block_n = cfg.n_block(p)
+        w_desc = TensorDescriptor.from_tensor(wp.view(-1, p.n_pad), [p.block_k, block_n]) if cfg.weight_tma \
+            else x_desc
         _conv3x3_tc_tma_kernel[(programs, p.n_pad // block_n)](
-            x_desc, wp, b if b is not None else wp, residual if residual is not None else out, out,
+            x_desc, w_desc, wp, b if b is not None else wp, residual if residual is not None else out, out,
             GH, GW, Ho, Wo, tiles_y, tiles_x, tiles, programs,
             C_OUT=c_out, N_PAD=p.n_pad, K_ROWS=p.k_rows, CHUNKS=p.cin_pad // p.block_k, KS=p.ks,
             UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
             TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=block_n, BLOCK_K=p.block_k, PERSISTENT=bool(cfg.persistent),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now + call.copied),
+            WEIGHT_TMA=cfg.weight_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now + call.copied),
         )
     mark_launched(NAME, x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
                   (cfg, tuple(x.shape)))

@@ -148,7 +148,8 @@ TMA = triton_conv_tma.TMAConfig
 @pytest.mark.parametrize("cfg", [tc.TCConfig(64, 4, 2), tc.TCConfig(256, 8, 3), tc.TCConfig(128, 8, 4),
                                  tc.TCConfig(128, 4, 3, block_k=32), tc.TCConfig(128, 4, 3, cache_a=True),
                                  tc.TCConfig(256, 8, 2, cache_a=True), TMA(128, 4, 3, 16), TMA(64, 4, 4, 8),
-                                 TMA(256, 8, 3, 32), TMA(128, 4, 3, 16, persistent=2)], ids=str)
+                                 TMA(256, 8, 3, 32), TMA(128, 4, 3, 16, persistent=2),
+                                 TMA(128, 4, 3, 128, weight_tma=True), TMA(128, 4, 3, 16, weight_tma=True)], ids=str)
 @pytest.mark.parametrize("upsample", [1, 2])
 def test_explicit_configs(cfg, upsample):
     """What the benchmark sweeps must be right too (block_k=32 makes two channel chunks per tap)."""
@@ -159,7 +160,10 @@ TMA_CASES = [  # B, cin, cout, H, W, upsample, bias, residual, relu: the TMA row
     (2, 64, 64, 33, 47, 1, True, True, True), (1, 64, 3, 31, 15, 1, True, False, False),
     (2, 32, 64, 19, 21, 1, False, True, True), (2, 64, 64, 23, 37, 2, True, False, True),
     (1, 128, 160, 12, 10, 1, True, True, False), (1, 256, 128, 12, 10, 2, False, False, False),
-    (1, 64, 64, 1, 1, 1, True, True, True)]
+    (1, 64, 64, 1, 1, 1, True, True, True),
+    # one-row tiles (row_config): 128-pixel rows at 64 channels; 64- and 128-pixel rows with 128-wide channel blocks
+    (2, 64, 64, 9, 256, 1, True, True, True), (1, 64, 64, 5, 128, 2, False, False, True),
+    (1, 256, 128, 10, 64, 2, False, False, False), (1, 128, 128, 20, 128, 1, True, True, True)]
 
 
 @pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: "x".join(map(str, c[:6])))
@@ -172,9 +176,10 @@ def test_tma_row(case):
 
 
 # TAEHV's wide convs (frames of one chunk as the batch; fewer frames here, to keep the float64 reference cheap).
-# One frame (TAEHV's streaming step): grids short of the SMs, where the TMA row takes 64-wide channel blocks.
+# One frame (TAEHV's streaming step): grids short of the SMs, where the TMA row takes 64-wide channel blocks, or
+# one-row tiles in 128-wide blocks where the width is a multiple of 64 (row_config), as at 64 channels.
 WIDE = [(8, 128, 128, 88, 160), (8, 256, 128, 88, 160), (8, 256, 256, 44, 80), (8, 128, 64, 176, 320),
-        (1, 256, 256, 44, 80), (1, 256, 256, 40, 64)]
+        (1, 256, 256, 44, 80), (1, 256, 256, 40, 64), (1, 128, 128, 80, 128), (2, 64, 64, 160, 256)]
 
 
 @pytest.mark.parametrize("row", ["triton_conv_tma", "triton_conv"])

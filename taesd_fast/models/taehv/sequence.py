@@ -49,9 +49,10 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
     start, stop: run only seq[start:stop] (x is then the input of seq[start]); both must fall between layer groups,
     e.g. at a memory block (`memory_indices`). decode_video runs the low-resolution layers on long chunks and the
     full-resolution ones on short chunks of their output.
-    batch_memory: write every block's memory at the end, in one multi-tensor copy, instead of one copy per block
-    (the streaming step: each copy is a separate small kernel). The blocks' inputs stay alive until then, so long
-    chunks do not batch.
+    batch_memory: write every block's memory in one multi-tensor copy right after the last memory block, instead of
+    one copy per block (the streaming step: each copy is a separate small kernel; after the last block, the
+    full-resolution layers have not yet pushed the blocks' inputs out of L2). The blocks' inputs stay alive until
+    then, so long chunks do not batch.
     project: compute the memory half of the first conv of each base memory block that sees one frame per sample
     ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step, which runs the whole Sequential).
     """
@@ -70,6 +71,9 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
         if isinstance(m, (MemBlock, SuperMemBlock)):
             j = next(mem)
             x = _memory_step(m, x, batch, memory, j, pending, projections and projections.take(j))
+            if j == len(memory) - 1:  # the last block: write the memory while its inputs are still in L2
+                _write_memory(projections, pending)
+                projections, pending = None, None
             i += 1
         elif isinstance(m, Clamp) and isinstance(nxt, DispatchConv2d):
             relu = i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)
@@ -102,11 +106,17 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
         else:  # ReLU after a conv is fused above; TPool; a lone ReLU
             x = m(x)
             i += 1
+    _write_memory(projections, pending)
+    return x
+
+
+def _write_memory(projections: "MemoryProjections | None", pending: list | None) -> None:
+    """The end of a step's memory work: the main stream joins the side stream (whose projections read the memory),
+    then the batched memory copies run."""
     if projections is not None:
         projections.join()  # before the memory is overwritten: the side stream reads it
     if pending:
         torch._foreach_copy_([dst for dst, _ in pending], [src for _, src in pending])
-    return x
 
 
 class MemoryProjections:
