@@ -137,7 +137,8 @@ if triton is not None:
         # flight during this tile's epilogue (K is only 9 steps: fill and drain are a large part of each tile).
         for pid in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGS, flatten=PERSISTENT):
             _tma_tile(x_desc, w_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X, C_OUT, N_PAD,
-                      K_ROWS, CHUNKS, KS, UPSAMPLE, HAS_BIAS, HAS_RES, RELU, TILE_H, TILE_W, BLOCK_N, BLOCK_K, WEIGHT_TMA)
+                      K_ROWS, CHUNKS, KS, UPSAMPLE, HAS_BIAS, HAS_RES, RELU, TILE_H, TILE_W, BLOCK_N, BLOCK_K,
+                      WEIGHT_TMA)
 
     @triton.jit
     def _tma_tile(
@@ -159,7 +160,8 @@ if triton is not None:
             # Box origin may be -1 or run past the image: TMA fills those pixels with zeros (the conv's padding).
             a = x_desc.load([img, gy0 + py - 1 + tap // KS, gx0 + px - 1 + tap % KS, c0])
             if WEIGHT_TMA:  # one TMA copy of the [BLOCK_K, BLOCK_N] slice instead of per-thread loads
-                wt = w_desc.load([phase * K_ROWS + kk * BLOCK_K, (tl.program_id(1) * BLOCK_N) if C_OUT > BLOCK_N else 0])
+                n0 = tl.program_id(1) * BLOCK_N if C_OUT > BLOCK_N else 0
+                wt = w_desc.load([phase * K_ROWS + kk * BLOCK_K, n0])
             else:
                 wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
             acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
@@ -213,7 +215,8 @@ def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor 
             C_OUT=c_out, N_PAD=p.n_pad, K_ROWS=p.k_rows, CHUNKS=p.cin_pad // p.block_k, KS=p.ks,
             UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
             TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=block_n, BLOCK_K=p.block_k, PERSISTENT=bool(cfg.persistent),
-            WEIGHT_TMA=cfg.weight_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x, packed_now + call.copied),
+            WEIGHT_TMA=cfg.weight_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **pdl_args(x, packed_now + call.copied),
         )
     mark_launched(NAME, x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
                   (cfg, tuple(x.shape)))
