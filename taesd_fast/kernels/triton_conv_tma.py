@@ -96,7 +96,7 @@ def row_config(c_out: int, width: int, base: TMAConfig) -> TMAConfig | None:
     multiples of 128 (128-pixel tiles), and for more channels on small grids only (`base` took 64-wide channel
     blocks: TAEHV's one-frame step), in 128-wide channel blocks, at multiples of 64. The H200 timings, where it
     wins and where it lost (narrower outputs, 64-pixel tiles at 64 channels): BENCHMARKS.md, sixteenth session."""
-    if 32 < c_out <= 64 and width % 128 == 0:
+    if c_out == 64 and width % 128 == 0:
         return TMAConfig(128, 4, 3, 128, weight_tma=True)
     if c_out > 64 and base.block_n == 64 and width % 64 == 0:
         tile = 128 if width % 128 == 0 else 64
