@@ -177,7 +177,8 @@ def test_tma_row(case):
 
 # TAEHV's wide convs (frames of one chunk as the batch; fewer frames here, to keep the float64 reference cheap).
 # One frame (TAEHV's streaming step): grids short of the SMs, where the TMA row takes 64-wide channel blocks, or
-# one-row tiles in 128-wide blocks where the width is a multiple of 64 (row_config), as at 64 channels.
+# one-row tiles in 128-wide blocks where the width is a multiple of 64 (row_config); at 64 channels, 128-pixel rows
+# where the width is a multiple of 128.
 WIDE = [(8, 128, 128, 88, 160), (8, 256, 128, 88, 160), (8, 256, 256, 44, 80), (8, 128, 64, 176, 320),
         (1, 256, 256, 44, 80), (1, 256, 256, 40, 64), (1, 128, 128, 80, 128), (2, 64, 64, 160, 256)]
 
