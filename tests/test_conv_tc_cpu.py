@@ -385,6 +385,15 @@ CASES = {
     "tma_row_config_default": (1, 64, 64, 2, 128, 1, 1, True, True, True, False, None, "cl"),
 }
 
+# TAEHV's TGrow folded into the TMA conv after it (triton_conv_tma.grow_launch): (B, C, C_out, H, W, grow, upsample,
+# bias, relu, TMAConfig fields or None). Output frame (i, t) reads input frame i with weight group t.
+GROW_CASES = {
+    "grow2_up2_default": (2, 32, 64, 3, 5, 2, 2, True, True, None),
+    "grow2_up2_one_row": (1, 64, 64, 2, 16, 2, 2, True, False, (16, 4, 3, 16, 0, 0, True)),
+    "grow3_no_upsample_2d_tiles": (2, 32, 48, 5, 6, 3, 1, False, True, (16, 4, 2, 8)),
+    "grow1_up2_blocks": (1, 64, 256, 2, 12, 1, 2, True, True, (16, 4, 3, 16, 0, 128, True)),
+}
+
 
 def _run_case(name: str) -> dict:
     """Child side: run one case through its row (or the launcher for explicit configs), compare, report."""
@@ -414,16 +423,60 @@ def _run_case(name: str) -> dict:
     return out
 
 
+def _make_grow(B, c, cout, H, W, grow, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, c, H, W, generator=gen).half().contiguous(memory_format=CL)
+    gw = (torch.randn(grow * c, c, 1, 1, generator=gen) / c**0.5).half()
+    w = (torch.randn(cout, c, 3, 3, generator=gen) / (3 * c**0.5)).half()
+    b = (torch.randn(cout, generator=gen) * 0.5).half() if bias else None
+    return x, gw, w, b
+
+
+def _grown_then_conv(x, gw, w, b, grow, relu, up, dtype=None):
+    """TGrow (1x1 conv, channel group t -> frame t of each input frame), then the conv contract, in `dtype`
+    (default: x's), op by op as the model runs them without the fold."""
+    dtype = dtype or x.dtype
+    B, c, H, W = x.shape
+    g = torch.nn.functional.conv2d(x.to(dtype), gw.to(dtype)).view(B, grow, c, H, W).reshape(B * grow, c, H, W)
+    return conv_contract.conv3x3_math(g, w, b, None, 1, relu, up, dtype=dtype)
+
+
+def _run_grow_case(name: str) -> dict:
+    B, c, cout, H, W, grow, up, bias, relu, cfg = GROW_CASES[name]
+    x, gw, w, b = _make_grow(B, c, cout, H, W, grow, bias, seed=len(name) * 7919 + c)
+    before = set(conv_launch._launched)
+    config = None if cfg is None else triton_conv_tma.TMAConfig(*cfg)
+    y = triton_conv_tma.grow_launch(x, gw, w, b, grow, relu, up, config=config)
+    ran = sorted({k[0] for k in set(conv_launch._launched) - before})
+    ref = _grown_then_conv(x, gw, w, b, grow, relu, up, torch.float64)
+    return {"name": name, "nan": bool(y.isnan().any()), "cl": y.is_contiguous(memory_format=CL),
+            "shape_ok": tuple(y.shape) == tuple(ref.shape), "err": _rel(y, ref),
+            "torch_err": _rel(_grown_then_conv(x, gw, w, b, grow, relu, up), ref), "ran": ran}
+
+
 def _child_main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     conv_contract.POISON_OUTPUT = True
     report_cases(CASES, _run_case)
+    report_cases(GROW_CASES, _run_grow_case)
     print(json.dumps({"name": "__launched__", "count": len(conv_launch._launched)}), flush=True)
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    return interpret_cases(__file__, expected=[*CASES, "__launched__"], timeout=180)
+    return interpret_cases(__file__, expected=[*CASES, *GROW_CASES, "__launched__"], timeout=240)
+
+
+@pytest.mark.parametrize("name", list(GROW_CASES))
+def test_grow_fold_interpreted(interpreted, name):
+    """TGrow folded into the TMA conv: every element written (NaN-poisoned output), TGrow's frame order, and within
+    2x the error of TGrow + conv in f16 against the float64 TGrow + conv."""
+    d = interpreted[name]
+    assert "error" not in d, d.get("error")
+    assert d["shape_ok"] and d["cl"], d
+    assert not d["nan"], "unwritten (NaN-poisoned) output elements"
+    assert d["err"] <= 2 * d["torch_err"] + 1e-7, f"rel err {d['err']:.3g} > 2 x PyTorch f16 error {d['torch_err']:.3g}"
+    assert d["ran"] == ["triton_conv_tma"], d["ran"]
 
 
 @pytest.mark.parametrize("name", list(CASES))

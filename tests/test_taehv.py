@@ -303,3 +303,25 @@ def test_grown_frames_equal_the_conv_and_unfold():
             got = _grown_frames(x, weight, stride)
         assert got.shape == expected.shape and got.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride, upscale", [(1, True), (2, False), (4, False)])
+def test_composed_weight_is_tgrow_then_the_conv(stride, upscale):
+    """The composed weight that folds TGrow into the conv after it (CUDA, one output frame per input frame): in
+    float64, the conv with it on the upsampled input equals TGrow (all of its rows at stride 1, the last frame's with
+    time upscaling off), then the upsample and the conv; and it is cached until a weight changes in place."""
+    from taesd_fast.models.layers import conv3x3
+    from taesd_fast.models.taehv.layers import TGrow, composed_weight
+
+    torch.manual_seed(13)
+    grow, conv = TGrow(8, stride).double(), conv3x3(8, 6).double()
+    x = torch.randn(2, 8, 5, 7, dtype=torch.float64)
+    up = lambda t: torch.nn.functional.interpolate(t, scale_factor=2, mode="nearest")  # noqa: E731
+    with torch.no_grad():
+        expected = torch.nn.functional.conv2d(up(grow(x, upscale)), conv.weight, conv.bias, padding=1)
+        w = composed_weight(grow, conv)
+        got = torch.nn.functional.conv2d(up(x), w, conv.bias, padding=1)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert composed_weight(grow, conv) is w
+        grow.conv.weight.mul_(2)
+        assert composed_weight(grow, conv) is not w

@@ -17,7 +17,9 @@ random weights in the published layout (the time does not depend on them). --ker
 N costliest kernels of one call as the user runs it (a whole-call CUDA-graph replay), by torch.profiler, which sees
 the copies and glue no group owns. --step profiles the streaming step instead: `decode_step` of one latent frame on
 a stream already under way (a replay of the step's graph where the table says replay), --uint8 with uint8 frames.
-With $OUT set, the tables go there as profile_taehv_<variant>[_step].md.
+With $OUT set, the tables go there as profile_taehv_<variant>[_step].md. With kernels, TGrow is folded into
+the conv after it (models/taehv/layers.py `grow_conv`) wherever the fold applies: those calls skip both modules'
+hooks, so their time is in "other" and the TGrow group is absent.
 
 --ncu-window skips the tables: after the same warm-up it runs one call (a graph replay) between
 cudaProfilerStart and cudaProfilerStop, for Nsight Compute to profile kernel by kernel. To redo BENCHMARKS.md's ncu

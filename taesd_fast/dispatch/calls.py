@@ -86,6 +86,18 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int
     return _choose(call_key("conv2d", *args), args, layer)(*args)
 
 
+def conv2d_choice(x: Tensor, weight: Tensor, bias: Tensor | None, *, batch: int, relu: bool = False,
+                  upsample: int = 1) -> str | None:
+    """The row decided for a conv2d call like conv2d(x', weight, bias, relu=relu, upsample=upsample) where x' has x's
+    device, dtype, layout, channels and size but `batch` images, or None when no decision exists yet. A lookup only:
+    nothing is timed, tuned or sent. For callers that run such a call in another form where a row is known to win
+    (models/taehv/layers.py folds TGrow into the conv after it)."""
+    key = call_key("conv2d", x, weight, bias, 1, None, relu, upsample)
+    key = key[:2] + ((batch, *x.shape[1:]),) + key[3:]  # call_key's third field is x's shape
+    rec = state.decided.get((state.mode, state.graph, key))
+    return None if rec is None else rec.choice
+
+
 def mem_conv(x: Tensor, memory: Tensor | None, weight: Tensor, bias: Tensor | None, *, frames: int,
              relu: bool = False, layer: nn.Module | None = None) -> Tensor:
     """A TAEHV memory block's first conv: conv2d(cat([x, past], 1), weight, bias, padding=1) (ReLU'd if relu), where

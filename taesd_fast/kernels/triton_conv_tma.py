@@ -8,6 +8,9 @@ address maths; the pointer kernel spends its issue slots on that arithmetic.
 Covers stride 1 (with or without the upsample fold), C_in >= 16 and a multiple of the K chunk (tap mode), no
 pre_clamp, up to 256 channels each way, sm_90+. The packed weight and the epilogue are the pointer kernel's
 (conv_pack, conv_epilogue). x must start 16-byte aligned (TMA): a view that does not is copied first.
+
+`grow_launch` runs the same kernel with TAEHV's TGrow folded in (GROW output frames per input frame, each with its
+own composed weight), for models/taehv/layers.py `grow_conv`.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .conv_contract import conv_shape_reason
+from .conv_contract import check_conv_args, conv_shape_reason, new_out, output_shape
 from .conv_epilogue import epilogue, tile_origin, upsample_phase
-from .conv_launch import conv_row_run, mark_launched, on_device, prepare, spec_launched
-from .conv_pack import packed_weight, plan
+from .conv_launch import contiguous_bias, conv_row_run, mark_launched, on_device, prepare, spec_launched
+from .conv_pack import pack_weight, packed_weight, plan
 from .device import capability, sm_count
-from .tma_pdl import pdl_args, pdl_start
+from .derived import derived
+from .tma_pdl import aligned_nhwc, pdl_args, pdl_start
 from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
 
 if triton is not None:
@@ -130,7 +134,7 @@ if triton is not None:
         C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
         UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PERSISTENT: tl.constexpr, PDL: tl.constexpr, WEIGHT_TMA: tl.constexpr,
+        PERSISTENT: tl.constexpr, PDL: tl.constexpr, WEIGHT_TMA: tl.constexpr, GROW: tl.constexpr = 1,
     ):
         pdl_start(PDL)
         # PERSISTENT flattens the tile and K loops into one software pipeline, so the next tile's loads are in
@@ -138,7 +142,7 @@ if triton is not None:
         for pid in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGS, flatten=PERSISTENT):
             _tma_tile(x_desc, w_desc, w_ptr, b_ptr, r_ptr, y_ptr, pid, GH, GW, Ho, Wo, TILES_Y, TILES_X, C_OUT, N_PAD,
                       K_ROWS, CHUNKS, KS, UPSAMPLE, HAS_BIAS, HAS_RES, RELU, TILE_H, TILE_W, BLOCK_N, BLOCK_K,
-                      WEIGHT_TMA)
+                      WEIGHT_TMA, GROW)
 
     @triton.jit
     def _tma_tile(
@@ -146,22 +150,28 @@ if triton is not None:
         C_OUT: tl.constexpr, N_PAD: tl.constexpr, K_ROWS: tl.constexpr, CHUNKS: tl.constexpr, KS: tl.constexpr,
         UPSAMPLE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
         TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        WEIGHT_TMA: tl.constexpr,
+        WEIGHT_TMA: tl.constexpr, GROW: tl.constexpr,
     ):
         BLOCK_M: tl.constexpr = TILE_H * TILE_W
         phase, t, py, px = upsample_phase(pid, UPSAMPLE)
         img, gy0, gx0, rn = tile_origin(t, TILES_Y, TILES_X, TILE_H, TILE_W, C_OUT, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
-        w_base = w_ptr + phase * (K_ROWS * N_PAD)
+        if GROW > 1:  # output frame img = (input frame, weight group): group g's packed phases follow group g-1's
+            src = img // GROW
+            w_row0 = ((img % GROW) * (4 if UPSAMPLE else 1) + phase) * K_ROWS
+        else:
+            src = img
+            w_row0 = phase * K_ROWS
+        w_base = w_ptr + w_row0 * N_PAD
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(KS * KS * CHUNKS):
             tap = kk // CHUNKS
             c0 = (kk % CHUNKS) * BLOCK_K
             # Box origin may be -1 or run past the image: TMA fills those pixels with zeros (the conv's padding).
-            a = x_desc.load([img, gy0 + py - 1 + tap // KS, gx0 + px - 1 + tap % KS, c0])
+            a = x_desc.load([src, gy0 + py - 1 + tap // KS, gx0 + px - 1 + tap % KS, c0])
             if WEIGHT_TMA:  # one TMA copy of the [BLOCK_K, BLOCK_N] slice instead of per-thread loads
                 n0 = tl.program_id(1) * BLOCK_N if C_OUT > BLOCK_N else 0
-                wt = w_desc.load([phase * K_ROWS + kk * BLOCK_K, n0])
+                wt = w_desc.load([w_row0 + kk * BLOCK_K, n0])
             else:
                 wt = tl.load(w_base + (kk * BLOCK_K + rk)[:, None] * N_PAD + rn[None, :])
             acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), wt, acc)
@@ -180,27 +190,16 @@ if triton is not None:
                   RELU)
 
 
-def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
-                       upsample: int = 1, pre_clamp: bool = False, config: TMAConfig | None = None) -> Tensor:
-    """Run the TMA kernel (benchmarks pass explicit configs). Returns channels_last y. Raises ValueError where the
-    kernel's limits (unsupported_reason) exclude the call."""
-    if triton is None:
-        raise RuntimeError(f"conv3x3_tc_tma: {TRITON_ERROR}")
-    call = prepare("conv3x3_tc_tma", x, w, b, residual, stride, upsample, tma=True)
-    x, out, b, residual = call.x, call.out, call.b, call.residual
-    B, c_in, H, W = x.shape
-    c_out = w.shape[0]
-    cfg = config or shape_config(c_out, x.shape, upsample, x.device)
-    p = plan(c_in, c_out, upsample)
-    reason = unsupported_reason(c_in, stride, pre_clamp, p.block_k, cfg.tile_w, cfg.block_m, x.device)
-    if reason is not None:
-        raise ValueError(f"conv3x3_tc_tma: {reason}")
-    wp, packed_now = packed_weight(w, upsample, p)
-    Ho, Wo = out.shape[2], out.shape[3]
+def _launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, p, cfg: TMAConfig,
+            upsample: int, relu: bool, grow: int, not_pdl: list) -> None:
+    """Launch the kernel on checked operands: x dense NHWC and 16-byte aligned, wp packed for plan p (`grow` weight
+    groups), out [B * grow, C_out, Ho, Wo] channels_last; not_pdl: what this call packed or copied (then no PDL)."""
+    B, _, H, W = x.shape
+    c_out, Ho, Wo = out.shape[1:]
     GH, GW = (H, W) if upsample == 2 else (Ho, Wo)
     tile_h, tile_w = cfg.block_m // cfg.tile_w, cfg.tile_w
     tiles_y, tiles_x = -(-GH // tile_h), -(-GW // tile_w)
-    tiles = B * tiles_y * tiles_x * p.phases
+    tiles = B * grow * tiles_y * tiles_x * p.phases
     programs = tiles
     if cfg.persistent:  # under the interpreter: a few programs, so each loops over several tiles
         programs = min(tiles, cfg.persistent * sm_count(x.device) if x.is_cuda else 3)
@@ -215,11 +214,79 @@ def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor 
             C_OUT=c_out, N_PAD=p.n_pad, K_ROWS=p.k_rows, CHUNKS=p.cin_pad // p.block_k, KS=p.ks,
             UPSAMPLE=upsample == 2, HAS_BIAS=b is not None, HAS_RES=residual is not None, RELU=bool(relu),
             TILE_H=tile_h, TILE_W=tile_w, BLOCK_N=block_n, BLOCK_K=p.block_k, PERSISTENT=bool(cfg.persistent),
-            WEIGHT_TMA=cfg.weight_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **pdl_args(x, packed_now + call.copied),
+            WEIGHT_TMA=cfg.weight_tma, GROW=grow, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **pdl_args(x, not_pdl),
         )
+
+
+def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                       upsample: int = 1, pre_clamp: bool = False, config: TMAConfig | None = None) -> Tensor:
+    """Run the TMA kernel (benchmarks pass explicit configs). Returns channels_last y. Raises ValueError where the
+    kernel's limits (unsupported_reason) exclude the call."""
+    if triton is None:
+        raise RuntimeError(f"conv3x3_tc_tma: {TRITON_ERROR}")
+    call = prepare("conv3x3_tc_tma", x, w, b, residual, stride, upsample, tma=True)
+    x, out, b, residual = call.x, call.out, call.b, call.residual
+    c_in, c_out = x.shape[1], w.shape[0]
+    cfg = config or shape_config(c_out, x.shape, upsample, x.device)
+    p = plan(c_in, c_out, upsample)
+    reason = unsupported_reason(c_in, stride, pre_clamp, p.block_k, cfg.tile_w, cfg.block_m, x.device)
+    if reason is not None:
+        raise ValueError(f"conv3x3_tc_tma: {reason}")
+    wp, packed_now = packed_weight(w, upsample, p)
+    _launch(x, wp, b, residual, out, p, cfg, upsample, relu, 1, packed_now + call.copied)
     mark_launched(NAME, x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
                   (cfg, tuple(x.shape)))
+    return out
+
+
+def grown_weight(grow_w: Tensor, w: Tensor, grow: int, upsample: int, p) -> tuple[Tensor, list]:
+    """(packed weight, packed_now) for `grow_launch`: the `grow` composed weights w . g_t, each packed as
+    conv_pack.pack_weight packs one weight, one after the other ([grow * phases, k_rows, n_pad]). Composed in fp32
+    (with the upsample fold's sums) and rounded to f16 once; cached with w until w or grow_w changes."""
+    packed_now: list = []
+
+    def build() -> Tensor:
+        packed_now.append("grown weight")
+        c = w.shape[1]
+        g = grow_w.detach().float().reshape(grow, c, c)  # [group, conv input channel, TGrow input channel]
+        composed = torch.einsum("ojyx,tji->toiyx", w.detach().float(), g)
+        return torch.cat([pack_weight(composed[t], upsample, p) for t in range(grow)])
+
+    if grow_w.is_inference():
+        return build(), packed_now
+    stamp = (grow_w.data_ptr(), grow_w._version, grow_w.dtype, tuple(grow_w.shape))
+    return derived.get(w, ("grow", grow, upsample, p, stamp), build), packed_now
+
+
+def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: int, relu: bool, upsample: int = 1,
+                config: TMAConfig | None = None) -> Tensor:
+    """conv2d(up(g(x)), w, b) (ReLU'd if relu), where g is TAEHV's TGrow: a bias-free 1x1 conv x [B, C, H, W] ->
+    [B, grow*C, H, W] (weight grow_w [grow*C, C, 1, 1]) whose channel group t becomes frame t of each input frame's
+    `grow` frames. g and the upsample are linear and g has no bias, so output frame (i, t) is the conv of up(x[i])
+    with the composed weight w . g_t: the kernel reads each input frame once per group and g's output (grow times
+    the input) is never written. Returns [B*grow, C_out, Ho, Wo] channels_last, in the frame order TGrow gives.
+    The config is the one the conv after TGrow would launch with (`shape_config` on the grown shape)."""
+    if triton is None:
+        raise RuntimeError(f"conv3x3_grow: {TRITON_ERROR}")
+    check_conv_args("conv3x3_grow", x, w, b, None, 1, upsample)
+    B, c, H, W = x.shape
+    if tuple(grow_w.shape) != (grow * c, c, 1, 1) or grow_w.dtype != x.dtype or grow_w.device != x.device:
+        raise ValueError(f"conv3x3_grow: grow_w must be a ({grow * c}, {c}, 1, 1) {x.dtype} tensor on {x.device} "
+                         f"for grow={grow} and C={c}, got {tuple(grow_w.shape)} {grow_w.dtype} on {grow_w.device}")
+    x = aligned_nhwc(x)
+    b, copied = contiguous_bias(b)
+    c_out = w.shape[0]
+    grown = (B * grow, c, H, W)
+    out = new_out(output_shape(grown, w.shape, 1, upsample), x)
+    cfg = config or shape_config(c_out, grown, upsample, x.device)
+    p = plan(c, c_out, upsample)
+    reason = unsupported_reason(c, 1, False, p.block_k, cfg.tile_w, cfg.block_m, x.device)
+    if reason is not None:
+        raise ValueError(f"conv3x3_grow: {reason}")
+    wp, packed_now = grown_weight(grow_w, w, grow, upsample, p)
+    _launch(x, wp, b, None, out, p, cfg, upsample, relu, grow, packed_now + copied)
+    mark_launched(NAME, x, w, 1, upsample, False, b is not None, False, relu, ("grow", grow, cfg, grown))
     return out
 
 

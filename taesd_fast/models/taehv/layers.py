@@ -8,7 +8,8 @@ Fast-path structure (every conv goes through `taesd_fast.dispatch`):
 - the decoder's soft clamp is folded into its first conv (`pre_clamp`);
 - base decoder: nearest upsample -> TGrow -> conv runs as TGrow's 1x1 conv at low resolution (a 1x1 conv and a
   nearest upsample commute), then the 3x3 conv with the upsample folded in (`upsample=2`): 4x fewer pixels for the
-  1x1 conv and no upsampled tensor when a kernel folds it.
+  1x1 conv and no upsampled tensor when a kernel folds it. On CUDA with kernels, TGrow itself is folded into that
+  conv's weights (`grow_conv`), so its output is never written.
 """
 
 from __future__ import annotations
@@ -162,6 +163,60 @@ class TGrow(nn.Module):
             return channels_to_frames(self.conv(x), self.stride)
         weight, _ = weight_rows(self.conv, slice(-c, None))
         return dispatch.conv2d(x, weight, None, layer=self.conv)
+
+
+def grow_conv(grow: TGrow, conv: DispatchConv2d, x: torch.Tensor, upscale: bool, upsample: int,
+              relu: bool) -> torch.Tensor:
+    """conv(up(grow(x, upscale))), ReLU'd if relu: the base decoder's Upsample -> TGrow -> conv (`upsample` 2, or 1
+    with space upscaling off). TGrow's 1x1 conv and the upsample are linear and TGrow has no bias, so output frame t
+    of an input frame is the conv of up(x) with the composed weight conv.weight . g_t. On CUDA with f16 kernels in
+    play, TGrow is folded into the conv that way, and its output (`frames` times the input) is never written:
+    - one output frame per input frame (TGrow stride 1, or time upscaling off): the dispatcher's conv2d on x with
+      the composed weight (`composed_weight`; the shapes of the conv on grow(x), so the same row);
+    - several: where the dispatcher has decided triton_conv_tma for the conv on grow(x), that kernel's grow launch
+      runs it on x with one composed weight per frame (triton_conv_tma.grow_launch; BENCHMARKS.md, seventeenth
+      session).
+    Elsewhere (CPU, backend "torch", torch.compile, autograd, other dtypes, a shape not decided yet): TGrow, then the
+    conv, as upstream computes them."""
+    frames = grow.stride if upscale else 1
+    if not _foldable(x, grow, conv):
+        return conv(grow(x, upscale), upsample=upsample, relu=relu)
+    if frames == 1:
+        return dispatch.conv2d(x, composed_weight(grow, conv), conv.bias, relu=relu, upsample=upsample, layer=conv)
+    choice = dispatch.conv2d_choice(x, conv.weight, conv.bias, batch=x.shape[0] * frames, relu=relu,
+                                    upsample=upsample)
+    if choice == "triton_conv_tma":
+        from ...kernels import triton_conv_tma  # loaded already: the dispatcher chose its row
+
+        return triton_conv_tma.grow_launch(x, grow.conv.weight, conv.weight, conv.bias, frames, relu, upsample)
+    return conv(grow(x, upscale), upsample=upsample, relu=relu)
+
+
+def _foldable(x: torch.Tensor, grow: TGrow, conv: DispatchConv2d) -> bool:
+    if not (x.is_cuda and x.dtype == torch.float16 and _channels_last(x)) or dispatch.get_backend() == "torch":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or grow.conv.weight.requires_grad
+                                             or conv.weight.requires_grad))
+
+
+def composed_weight(grow: TGrow, conv: DispatchConv2d) -> torch.Tensor:
+    """conv.weight composed with the last frame's rows of TGrow's 1x1 weight (all of it at stride 1): [C_out, C, 3,
+    3], the weight of conv(grow(x)) for one output frame per input frame. Computed in fp32 (float64 weights: float64)
+    and rounded to the conv weight's dtype once; kept until either weight changes (kernels cache their packed weights per tensor)."""
+    g, w = grow.conv.weight, conv.weight
+    stamp = (g.data_ptr(), g._version, g.dtype, w.data_ptr(), w._version, w.dtype, w.device)
+    hit = conv.__dict__.get("_composed")
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    c = g.shape[1]
+    with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
+        acc = torch.promote_types(w.dtype, torch.float32)
+        rows = g[-c:].reshape(c, c).to(acc)  # [conv input channel, TGrow input channel]
+        value = torch.einsum("ojyx,ji->oiyx", w.to(acc), rows).to(w.dtype).contiguous()
+    conv.__dict__["_composed"] = (stamp, value)
+    return value
 
 
 def _grown_frames(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:

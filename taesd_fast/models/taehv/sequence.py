@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ... import dispatch, graphs
 from ...dispatch.torch_ops import past_frames
 from ..layers import Clamp, DispatchConv2d
-from .layers import MemBlock, SuperMemBlock, TGrow, TPool, weight_rows
+from .layers import MemBlock, SuperMemBlock, TGrow, TPool, grow_conv, weight_rows
 
 
 def memory_indices(seq: nn.Sequential) -> list[int]:
@@ -84,7 +84,7 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
             time_on = preview is None or preview.time[stage]
             space_on = preview is None or preview.space[stage]
             relu = i + 3 < len(modules) and isinstance(modules[i + 3], nn.ReLU)  # the last stage's conv
-            x = conv(grow(x, time_on), upsample=2 if space_on else 1, relu=relu)
+            x = grow_conv(grow, conv, x, time_on, 2 if space_on else 1, relu)
             stage += 1
             i += 4 if relu else 3
         elif isinstance(m, DispatchConv2d) and isinstance(nxt, nn.ReLU) and i + 2 < len(modules) \

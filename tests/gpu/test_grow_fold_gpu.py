@@ -1,0 +1,111 @@
+"""TAEHV's TGrow folded into the TMA conv after it (kernels/triton_conv_tma.py `grow_launch`, used by
+models/taehv/layers.py `grow_conv`): output frame (i, t) is the conv of up(x[i]) with the composed weight w . g_t.
+
+Against a float64 TGrow + upsample + conv, on fresh random inputs with NaN-poisoned outputs, three launches per
+shape: within 2x the error of the f16 ops the model runs without the fold (TGrow's 1x1 conv, then the conv), in
+the relative norm and element by element. Then the model: a taew2_1 stream whose convs run kernels folds TGrow
+where the conv after it runs triton_conv_tma, and its frames match the stream without the fold.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from error_bounds import assert_worst_element_within
+
+from taesd_fast.kernels import conv_contract, triton_conv_tma
+from taesd_fast.kernels.triton_conv import triton_unavailable_reason
+
+_REASON = "CUDA is not available" if not torch.cuda.is_available() else triton_unavailable_reason("cuda")
+if _REASON is None and torch.cuda.get_device_capability()[0] < 9:
+    _REASON = "TMA needs compute capability 9.0"
+pytestmark = [
+    pytest.mark.skipif(_REASON is not None, reason=f"TMA conv unavailable: {_REASON}"),
+    pytest.mark.usefixtures("no_tf32", "isolated_dispatch"),
+]
+CL = torch.channels_last
+
+# (B input frames, C, C_out, H, W, grow, upsample, relu): TAEHV's up convs after TGrow (taew2_1 and taew2_2 steps,
+# decode chunks), sizes that leave partial tiles, and no upsample with four frames per input frame.
+SHAPES = [
+    (1, 128, 64, 80, 128, 2, 2, False),
+    (2, 64, 64, 160, 256, 2, 2, True),
+    (1, 128, 64, 88, 160, 2, 2, False),
+    (2, 64, 64, 176, 320, 2, 2, True),
+    (1, 256, 128, 40, 64, 1, 2, False),
+    (8, 64, 64, 44, 80, 2, 2, True),
+    (3, 64, 64, 33, 47, 2, 2, False),
+    (2, 32, 64, 9, 13, 4, 1, True),
+]
+
+
+def _grown_then_conv(x, gw, w, b, grow, relu, up):
+    B, c, H, W = x.shape
+    g = F.conv2d(x, gw).view(B, grow, c, H, W).reshape(B * grow, c, H, W).contiguous(memory_format=CL)
+    return conv_contract.conv3x3_math(g, w, b, None, 1, relu, up)
+
+
+def _rel(a, ref):
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])) + f"_g{s[5]}_u{s[6]}")
+def test_grow_launch_within_2x_of_torch_fp16(shape, monkeypatch):
+    monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
+    B, c, cout, H, W, grow, up, relu = shape
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape))
+    gw = (torch.randn(grow * c, c, 1, 1, generator=gen, device="cuda") / c**0.5).half()
+    w = (torch.randn(cout, c, 3, 3, generator=gen, device="cuda") / (3 * c**0.5)).half()
+    b = (torch.randn(cout, generator=gen, device="cuda") * 0.5).half()
+    first = None
+    for launch in range(3):
+        x = torch.randn(B, c, H, W, generator=gen, device="cuda").relu().half().contiguous(memory_format=CL)
+        y = triton_conv_tma.grow_launch(x, gw, w, b, grow, relu, up)
+        ref = _grown_then_conv(x.double(), gw.double(), w.double(), b.double(), grow, relu, up)
+        low = _grown_then_conv(x, gw, w, b, grow, relu, up)
+        assert y.shape == ref.shape and y.is_contiguous(memory_format=CL)
+        assert not y.isnan().any(), "unwritten (NaN-poisoned) output elements"
+        e, e_low = _rel(y, ref), _rel(low, ref)
+        assert e <= 2 * e_low, f"launch {launch}: rel err {e:.3g} > 2 x PyTorch f16's {e_low:.3g}"
+        assert_worst_element_within(y, low, ref, f"launch {launch}: ")
+        if first is None:
+            first = (x, y)
+    x, y = first
+    assert torch.equal(triton_conv_tma.grow_launch(x, gw, w, b, grow, relu, up), y)  # deterministic
+
+
+def test_grow_launch_rejects_a_wrong_tgrow_weight():
+    x = torch.randn(1, 64, 8, 8, device="cuda").half().contiguous(memory_format=CL)
+    w = torch.randn(64, 64, 3, 3, device="cuda").half()
+    with pytest.raises(ValueError, match=r"grow_w must be a \(128, 64, 1, 1\) torch.float16 tensor"):
+        triton_conv_tma.grow_launch(x, torch.randn(64, 64, 1, 1, device="cuda").half(), w, None, 2, False, 2)
+
+
+def test_step_folds_tgrow_where_the_conv_runs_the_tma_kernel(monkeypatch):
+    """A taew2_1 stream with kernels forced: the steps' convs after TGrow take the grow launch (the 128->64 conv
+    after TGrow x2 runs triton_conv_tma), and the frames equal, within f16 steps, the same stream without the fold."""
+    from reference_taehv import published_keys, random_state_dict
+
+    from taesd_fast import TAEHV, dispatch
+    from taesd_fast.models.taehv import layers
+
+    state = random_state_dict(published_keys(16, 1), seed=5)
+    model = TAEHV.from_state_dict(state, device="cuda", dtype=torch.float16)
+    latents = torch.randn(1, 4, 16, 10, 16, generator=torch.Generator().manual_seed(6)).cuda().half()
+    calls, real = [], triton_conv_tma.grow_launch
+    monkeypatch.setattr(triton_conv_tma, "grow_launch", lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+
+    def stream():
+        frames, s = [], None
+        for t in range(latents.shape[1]):
+            out, s = model.decode_step(latents[:, t], s)
+            frames.append(out)
+        return torch.cat(frames, 1)
+
+    with torch.no_grad(), dispatch.backend("kernels"):
+        folded = stream()
+        assert calls and set(calls) == {2}, calls
+        monkeypatch.setattr(layers, "_foldable", lambda *a: False)
+        plain = stream()
+    torch.testing.assert_close(folded, plain, rtol=0, atol=4e-3)
