@@ -5,6 +5,7 @@ with the package's own rows on the GPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -253,3 +254,29 @@ def test_the_grace_period_counts_from_the_start_when_no_job_began(monkeypatch, b
         inbox.timer.cancel()  # the whole grace period's exit must not fire after the test
         faulthandler.cancel_dump_traceback_later()
     assert calls == ([] if began else ["workers stopped", ("exit", 0)])
+
+
+def test_recording_the_tma_row_records_its_tgrow_fold(hopper_target):
+    """The triton_conv_tma row's variants (kernels/triton_conv_tma.py grow_variants): recording the row for a conv on
+    TGrow's output of two frames per input frame also records the fold's launch (GROW=2), so the tuning process
+    compiles it; for a conv the fold never runs (a residual) it records nothing more. Compiles and launches nothing."""
+    from taesd_fast.dispatch import table
+
+    row = table.row("conv2d", "triton_conv_tma")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, 6, 16, generator=g).half().contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(64, 64, 3, 3, generator=g).half(), torch.randn(64, generator=g).half()
+    grows = [_constant(t[3], "GROW") for t in compile_pool.record([row], lambda: (x, w, b, 1, None, True, 2, False))
+             if t[0] == "triton" and t[2] == "_conv3x3_tc_tma_kernel"]
+    assert 2 in grows, grows
+    res = torch.randn(4, 64, 12, 32, generator=g).half().contiguous(memory_format=torch.channels_last)
+    assert 2 not in [_constant(t[3], "GROW") for t in compile_pool.record([row], lambda: (x, w, b, 1, res, True, 2, False))
+                     if t[0] == "triton" and t[2] == "_conv3x3_tc_tma_kernel"]
+    assert _entries(hopper_target) == set()
+
+
+def _constant(specialization: str, name: str):
+    """A constexpr's value in a recorded Triton specialization (JSON: constants by argument position)."""
+    d = json.loads(specialization)
+    position = [list(d["signature"]).index(name)]
+    return dict(zip(map(tuple, d["constant_keys"]), d["constant_vals"])).get(tuple(position))

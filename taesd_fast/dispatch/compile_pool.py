@@ -49,7 +49,8 @@ def record(rows, make_args: Callable[[], tuple]) -> list[tuple]:
     """Run each row on new arguments (`make_args()`) with compiling and launching replaced by recording. Returns
     the compile tasks: ("triton", module, qualname, specialization JSON, target) and ("nvrtc", source, defines,
     cc). Each row runs twice on its own arguments: a first call on a weight launches another variant than the calls
-    after it (it packs the weight, so it launches without PDL), and rows share packed weights. Call on the tuning
+    after it (it packs the weight, so it launches without PDL), and rows share packed weights; then its `variants`
+    (kernels/row.py), twice too. Call on the tuning
     process's main thread, with nothing else launching kernels."""
     import triton
     from triton.runtime import driver
@@ -79,11 +80,12 @@ def record(rows, make_args: Callable[[], tuple]) -> list[tuple]:
     try:
         for row in rows:
             args = make_args()
-            for _ in range(2):
-                try:
-                    row.run(*args)
-                except Exception:  # noqa: BLE001 - recorded or not, the timing run compiles what was missed
-                    break
+            for launch in (row.run, row.variants):  # the row's other forms of its kernel (Row.variants), if any
+                for _ in range(2 if launch is not None else 0):
+                    try:
+                        launch(*args)
+                    except Exception:  # noqa: BLE001 - recorded or not, the timing run compiles what was missed
+                        break
     finally:
         knobs.jit_cache_hook, _backend.compile_miss_hook = before, None
     return list({task_key(t): t for t in tasks}.values())

@@ -31,7 +31,9 @@ class Row:
     capture uses it). layouts: input layouts it reads natively (others are converted first). devices: device types
     it can run on, checked before `supports`, so a CPU call imports no kernel module. nvrtc: needs our NVRTC-built
     CUDA C++ kernels (the dispatcher checks that they can build here). module: the kernel module under
-    taesd_fast/kernels that `run` lives in, or None.
+    taesd_fast/kernels that `run` lives in, or None. variants: called with `run`'s arguments, launches the other
+    forms of the row's kernel that callers outside the dispatcher run for such a call (TAEHV's TGrow fold), so
+    that the tuning process compiles them with the row (dispatch/compile_pool.record); or None.
 
     Which supported row runs is decided by measurement (dispatch/decide.py), never by rules hidden in a row."""
 
@@ -45,3 +47,4 @@ class Row:
     devices: tuple = ("cuda",)
     nvrtc: bool = True
     module: str | None = None
+    variants: Callable | None = None

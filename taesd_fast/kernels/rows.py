@@ -58,16 +58,17 @@ def _run(module: str, attr: str = "run", **fixed):
 
 
 def _kernel(name: str, kind: str, module: str, run: str = "run", supports: tuple = (), ready: tuple = (),
-            layouts: tuple = ("channels_last",), nvrtc: bool = True, **fixed) -> Row:
+            layouts: tuple = ("channels_last",), nvrtc: bool = True, variants: str | None = None, **fixed) -> Row:
     """A kernel row whose functions live in `module` (named as the row, where one module holds one row): run is the
     function named `run`, supports and ready are (attribute, *extra arguments) of its rule and readiness check
-    (default: spec_unsupported_reason and spec_ready). `fixed` are keyword arguments bound to run."""
+    (default: spec_unsupported_reason and spec_ready), variants the name of its Row.variants function, if any.
+    `fixed` are keyword arguments bound to run."""
     return Row(name, kind, _run(module, run, **fixed), _supports(module, *supports), ready=_ready(module, *ready),
-               layouts=layouts, nvrtc=nvrtc, module=module)
+               layouts=layouts, nvrtc=nvrtc, module=module, variants=variants and _run(module, variants))
 
 
-def _conv(name: str, module: str, nvrtc: bool = False) -> Row:
-    return _kernel(name, "conv2d", module, nvrtc=nvrtc)
+def _conv(name: str, module: str, nvrtc: bool = False, variants: str | None = None) -> Row:
+    return _kernel(name, "conv2d", module, nvrtc=nvrtc, variants=variants)
 
 
 def _simt(variant: str) -> Row:
@@ -81,7 +82,8 @@ _ANY_LAYOUT = ("nchw", "channels_last")
 KERNEL_ROWS: list[Row] = [
     # conv2d: f16 3x3 convs with the fused epilogue (conv_contract)
     _conv("triton_conv", "triton_conv"),  # Triton pointer kernel: every contract shape, sm_80+
-    _conv("triton_conv_tma", "triton_conv_tma"),  # Triton TMA tiles: stride 1, C_in % 16 == 0, sm_90+
+    _conv("triton_conv_tma", "triton_conv_tma", variants="grow_variants"),  # Triton TMA tiles: stride 1,
+    # C_in % 16 == 0, sm_90+; variants: the TGrow fold (models/taehv/layers.py grow_conv)
     _conv("gluon_conv_rows", "gluon_conv_rows"),  # Gluon row streaming: 64->64 and 64->(<=16), W >= 64, sm_90
     _conv("gluon_conv_tile", "gluon_conv_tile"),  # Gluon small tiles: 64->64, W >= 16, sm_90
     _conv("gluon_conv_up", "gluon_conv_up"),  # Gluon upsample fold: 64->64 up 2, no residual, one wave, sm_90

@@ -290,6 +290,20 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
     return out
 
 
+def grow_variants(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,
+                  upsample: int = 1, pre_clamp: bool = False) -> None:
+    """The row's Row.variants: for a conv2d call that models/taehv/layers.grow_conv can fold (x: TGrow's output of
+    two frames per input frame; no residual), `grow_launch` as the fold runs it, on x's first half of frames with a
+    stand-in TGrow weight kept with w (so a second call reuses its packing, as the fold's later calls do). The
+    tuning process records these launches with the row's (dispatch/compile_pool.record), so the fold's first launch
+    in the user's process loads its kernel instead of compiling it."""
+    if stride != 1 or residual is not None or pre_clamp or x.shape[0] % 2:
+        return
+    c = x.shape[1]
+    gw = derived.get(w, "grow stand-in", lambda: torch.randn(2 * c, c, 1, 1, device=x.device, dtype=x.dtype))
+    grow_launch(x[: x.shape[0] // 2], gw, w, b, 2, relu, upsample)
+
+
 # --------------------------------------------------------------------------- the row
 
 
