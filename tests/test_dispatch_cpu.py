@@ -52,6 +52,20 @@ def test_cpu_conv2d_matches_reference_and_picks_torch(dtype, stride):
     assert rec.choice == "torch" and rec.skipped["simt_f16_rb"] == "CPU tensor"
 
 
+def test_conv2d_choice_looks_up_the_decision_for_another_batch():
+    """dispatch.conv2d_choice: None before any call of that shape, then the row decided for conv2d on x's kind of
+    input with `batch` images (here the torch row on the CPU), per epilogue; looking up decides nothing."""
+    w, b = torch.randn(6, 4, 3, 3), torch.randn(6)
+    x = torch.randn(1, 4, 5, 7).contiguous(memory_format=torch.channels_last)
+    assert dispatch.conv2d_choice(x, w, b, batch=2, relu=True, upsample=2) is None
+    with torch.no_grad():
+        dispatch.conv2d(torch.randn(2, 4, 5, 7).contiguous(memory_format=torch.channels_last), w, b, relu=True,
+                        upsample=2)
+    assert dispatch.conv2d_choice(x, w, b, batch=2, relu=True, upsample=2) == "torch"
+    assert dispatch.conv2d_choice(x, w, b, batch=3, relu=True, upsample=2) is None
+    assert dispatch.conv2d_choice(x, w, b, batch=2, relu=False, upsample=2) is None
+
+
 def test_kernels_mode_on_cpu_still_runs_torch():
     conv = Conv(4, 4, 3, padding=1)
     x = torch.randn(1, 4, 9, 9)
