@@ -50,8 +50,7 @@ def record(rows, make_args: Callable[[], tuple]) -> list[tuple]:
     the compile tasks: ("triton", module, qualname, specialization JSON, target) and ("nvrtc", source, defines,
     cc). Each row runs twice on its own arguments: a first call on a weight launches another variant than the calls
     after it (it packs the weight, so it launches without PDL), and rows share packed weights; then its `variants`
-    (kernels/row.py), twice too. Call on the tuning
-    process's main thread, with nothing else launching kernels."""
+    (kernels/row.py), twice too. Call on the tuning process's main thread, with nothing else launching kernels."""
     import triton
     from triton.runtime import driver
 

@@ -204,7 +204,8 @@ def _foldable(x: torch.Tensor, grow: TGrow, conv: DispatchConv2d) -> bool:
 def composed_weight(grow: TGrow, conv: DispatchConv2d) -> torch.Tensor:
     """conv.weight composed with the last frame's rows of TGrow's 1x1 weight (all of it at stride 1): [C_out, C, 3,
     3], the weight of conv(grow(x)) for one output frame per input frame. Computed in fp32 (float64 weights: float64)
-    and rounded to the conv weight's dtype once; kept until either weight changes (kernels cache their packed weights per tensor)."""
+    and rounded to the conv weight's dtype once; kept until either weight changes (kernels cache their packed
+    weights per tensor)."""
     g, w = grow.conv.weight, conv.weight
     stamp = (g.data_ptr(), g._version, g.dtype, w.data_ptr(), w._version, w.dtype, w.device)
     hit = conv.__dict__.get("_composed")
