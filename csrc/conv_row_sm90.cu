@@ -1,6 +1,6 @@
 // Row-streaming 64->64 3x3 conv for Hopper (sm_90a): TMA + asynchronous wgmma, one shared-memory copy per input row.
 //
-// The same schedule as kernels/conv_halo.py (one program owns a strip of 128 output columns and a run of ROWS
+// The same schedule as kernels/gluon_conv_rows.py (one program owns a strip of 128 output columns and a run of ROWS
 // rows; it walks down the input rows, each feeding three output rows through three fp32 accumulators), written in
 // CUDA C++ for one thing Gluon cannot express: the three dx taps of an input row are three views of ONE shared
 // memory copy of the row, starting 0, 1 and 2 pixels into it. The row is kept without swizzle, channel-chunk major
@@ -14,6 +14,11 @@
 // The weight, residual and output boxes use the TMA's 128-byte swizzle: 16-byte chunk k of 128-byte row r sits at
 // chunk k ^ (r % 8).
 // 256 threads: two warpgroups, each owning 64 of the strip's 128 output pixels. Thread 0 issues every TMA.
+//
+// Past mode (frames > 0; the memory-block conv's past half, kernels/cuda_mem_conv.py): output image i reads its
+// input rows from the frame before it, image i - 1 of x, or, for a sample's first frame (i % frames == 0), from
+// image i / frames of m_map (the carried memory). Without a memory (has_memory == 0) it reads image -1, which the
+// TMA fills with zeros: the past before a video's first frame.
 
 #define STAGES 3
 #define BOX_W 130                                     // 128 output pixels + one halo pixel on each side
@@ -90,10 +95,10 @@ __device__ __forceinline__ void row_mmas(float (&done)[32], float (&cur)[32], fl
 }
 
 struct Run {
-  const TmaMap *x_map, *r_map, *y_map;
+  const TmaMap *x_map, *r_map, *y_map;  // x_map: where the input rows come from (x, or the memory in past mode)
   const u16* bias;
   u32 w_base, x_base, r_base, o_base, bars;
-  int img, r0, r_end, col0, steps, has_res, relu;
+  int img, x_img, r0, r_end, col0, steps, has_res, relu;  // img: the output's image; x_img: the input rows'
 };
 
 __device__ __forceinline__ void load_row(const Run& run, int i) {
@@ -103,7 +108,7 @@ __device__ __forceinline__ void load_row(const Run& run, int i) {
   mbar_expect_tx(bar, BOX_W * 128 + (run.has_res ? 128 * 128 : 0));
   for (int k = 0; k < 8; ++k)  // chunk k: channels 8k .. 8k+7 of the row's 130 pixels
     tma_load_4d(run.x_base + stage * X_STAGE_BYTES + k * X_CHUNK_BYTES, run.x_map, bar, 8 * k, run.col0 - 1,
-                run.r0 - 1 + i, run.img);
+                run.r0 - 1 + i, run.x_img);
   if (run.has_res)
     tma_load_4d(run.r_base + stage * R_STAGE_BYTES, run.r_map, bar, 0, run.col0, run.r0 - 2 + i, run.img);
 }
@@ -169,8 +174,9 @@ __device__ __forceinline__ void step(const Run& run, int i, float (&acc)[3][32])
 
 extern "C" __global__ void __launch_bounds__(256, 1)
     conv_row_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
-                  const __grid_constant__ TmaMap r_map, const __grid_constant__ TmaMap y_map, const u16* bias,
-                  int H, int rows, int chunks, int strips, int has_res, int relu, int pdl) {
+                  const __grid_constant__ TmaMap r_map, const __grid_constant__ TmaMap y_map,
+                  const __grid_constant__ TmaMap m_map, const u16* bias, int H, int rows, int chunks, int strips,
+                  int has_res, int relu, int pdl, int frames, int has_memory) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle pattern repeats every 1024 bytes
   Run run;
@@ -185,6 +191,17 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   run.bars = run.o_base + 128 * 128;
   int pid = blockIdx.x, strip = pid % strips, t = pid / strips;
   run.img = t / chunks;
+  run.x_img = run.img;
+  if (frames > 0) {  // past mode
+    if (run.img % frames) {
+      run.x_img = run.img - 1;
+    } else if (has_memory) {
+      run.x_map = &m_map;
+      run.x_img = run.img / frames;
+    } else {
+      run.x_img = -1;
+    }
+  }
   run.r0 = (t % chunks) * rows;
   run.r_end = min(run.r0 + rows, H);
   run.col0 = strip * 128;

@@ -41,10 +41,11 @@ def head_full(x_shape, c_out=12, cache=True, dtype=BF16, patch=0, device="cuda:0
 @pytest.fixture
 def h200(monkeypatch):
     """Pretend the spec's device is an H200: sm_90, 132 SMs, Triton and NVRTC usable."""
-    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_fused, gluon_conv_narrow, gluon_conv_up,
-                                    gluon_fused, triton_conv, triton_conv_tma, triton_mem_conv)
+    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_fused, cuda_mem_conv, gluon_conv_narrow,
+                                    gluon_conv_up, gluon_fused, triton_conv, triton_conv_tma, triton_mem_conv)
 
     monkeypatch.setattr(conv_launch, "is_sm90", lambda device: True)
+    monkeypatch.setattr(cuda_mem_conv, "is_sm90", lambda device: True)
     monkeypatch.setattr(gluon_fused, "is_sm90", lambda device: True)
     monkeypatch.setattr(triton_conv_tma, "capability", lambda device: (9, 0))
     monkeypatch.setattr(triton_mem_conv, "capability", lambda device: (9, 0))
@@ -189,6 +190,41 @@ def test_cuda_conv_rows_takes_64_to_64_wider_than_64(h200):
     with pytest.warns(RuntimeWarning, match="CUDA row conv kernel is unavailable .*NVRTC could not compile"):
         cuda_conv_rows.give_up(RuntimeError("NVRTC could not compile conv_row_sm90.cu for sm_90a"))
     assert "NVRTC could not compile" in why("cuda_conv_rows", conv((1, 64, 256, 256)))
+
+
+def mem(x_shape, c_out=None, frames=2, memory=True, dtype=F16, layout="channels_last", device="cuda:0") -> Spec:
+    c = x_shape[1]
+    return Spec("mem_conv", device, tuple(x_shape), (c_out or c, 2 * c, 3, 3), dtype, 1, True, memory, True, layout,
+                frames=frames)
+
+
+def test_cuda_mem_conv_takes_64_channel_memory_blocks_wider_than_64(h200):
+    from taesd_fast.kernels import cuda_conv_rows
+
+    for spec in (mem((2, 64, 160, 256)), mem((8, 64, 176, 320), frames=8, memory=False), mem((6, 64, 33, 65), 64, 3)):
+        assert why("cuda_mem_conv", spec) is None, spec
+    assert "128 channels per half" in why("cuda_mem_conv", mem((2, 128, 80, 128)))
+    assert "-> 32" in why("cuda_mem_conv", mem((2, 64, 80, 128), 32))
+    assert "W=64" in why("cuda_mem_conv", mem((2, 64, 64, 64)))
+    assert "samples of 2" in why("cuda_mem_conv", mem((3, 64, 80, 128)))
+    assert "float16" in why("cuda_mem_conv", mem((2, 64, 80, 128), dtype=torch.float32))
+    assert "nchw input" in why("cuda_mem_conv", mem((2, 64, 80, 128), layout="nchw"))
+    assert why("cuda_mem_conv", mem((2, 64, 80, 128), device="cpu")) == "CPU tensor"
+    with pytest.warns(RuntimeWarning, match="CUDA row conv kernel is unavailable"):
+        cuda_conv_rows.give_up(RuntimeError("NVRTC could not compile conv_row_sm90.cu for sm_90a"))
+    assert "NVRTC could not compile" in why("cuda_mem_conv", mem((2, 64, 160, 256)))
+
+
+def test_cuda_mem_conv_launch_refuses_what_the_rule_refuses():
+    from taesd_fast.kernels import cuda_mem_conv
+
+    x = torch.randn(2, 64, 8, 64).half().contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 128, 3, 3).half()
+    with pytest.raises(ValueError, match="cuda_mem_conv: W=64"):
+        cuda_mem_conv.mem_conv_launch(x, None, w, None, 2, True)
+    x = torch.randn(2, 64, 8, 72).half().contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"memory \(1, 64, 8, 64\) does not match x"):
+        cuda_mem_conv.mem_conv_launch(x, torch.randn(1, 64, 8, 64).half(), w, None, 2, True)
 
 
 @pytest.mark.parametrize("variant", ["tile", "ocb4", "rb"])

@@ -72,9 +72,11 @@ def _nhwc_map(t: Tensor, box_w: int, box_c: int = 64):
 
 
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
-           rows: int, pdl: bool) -> None:
+           rows: int, pdl: bool, frames: int = 0, memory: Tensor | None = None) -> None:
     """x, residual, out: channels_last f16 [B, 64, H, W], 16-byte aligned; wp: conv_pack's weight [1, 576, 64]
-    (rows tap * 64 + c_in); rows: output rows per program."""
+    (rows tap * 64 + c_in); rows: output rows per program. frames > 0: past mode (cuda_mem_conv), output image i
+    convolves x's image i - 1, or for each sample's first frame memory[i // frames] ([B / frames, 64, H, W], the
+    same layout; None: zeros)."""
     B, _, H, W = x.shape
     # The kernel reads each tap's weight K-major ([c_out][c_in]); a repack in this call means no PDL (see
     # tma_pdl: the weights load before the wait).
@@ -84,10 +86,12 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     x_map = _nhwc_map(x, STRIP + 2, 8)
     y_map = _nhwc_map(out, STRIP)
     r_map = _nhwc_map(residual, STRIP) if residual is not None else y_map
+    m_map = _nhwc_map(memory, STRIP + 2, 8) if memory is not None else x_map
     strips, chunks = -(-W // STRIP), -(-H // rows)
     kernel = _backend.get_kernel(SOURCE, KERNEL, device=x.device)
-    kernel((B * chunks * strips,), (256,), [x_map, w_map, r_map, y_map, b, H, rows, chunks, strips,
-                                            int(residual is not None), int(relu), int(pdl and not built)],
+    kernel((B * chunks * strips,), (256,), [x_map, w_map, r_map, y_map, m_map, b, H, rows, chunks, strips,
+                                            int(residual is not None), int(relu), int(pdl and not built),
+                                            frames, int(memory is not None)],
            smem=SMEM, pdl=pdl and not built)
 
 
