@@ -61,6 +61,8 @@ CASES: dict[tuple[str, str], list[tuple]] = {
     ("mem_conv", "triton_mem_conv"): [(1, 3, 64, 64, 19, 21, True, True, True),
                                       (2, 2, 128, 160, 9, 11, False, False, True),  # two column blocks
                                       (1, 1, 256, 256, 9, 11, True, True, True)],  # small grid: 8 x 8 tiles
+    ("mem_conv", "cuda_mem_conv"): [(1, 3, 64, 64, 19, 130, True, True, True),  # partial strip
+                                    (2, 2, 64, 64, 9, 72, False, False, False)],  # no memory: image -1 (zeros)
     ("head", "split_bf16"): [(2, 256, 6, 13, 21, 12, "nchw"),  # cuBLAS GEMM, pixel-major g
                              (1, 256, 3, 13, 21, 3, "channels_last")],  # cuDNN, dense g; C_out 3: scalar loads
     ("head_full", "cuda_fused"): _HEAD_FULL_HOPPER,
