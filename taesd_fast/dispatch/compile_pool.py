@@ -79,8 +79,8 @@ def record(rows, make_args: Callable[[], tuple]) -> list[tuple]:
     try:
         for row in rows:
             args = make_args()
-            for launch in (row.run, row.variants):  # the row's other forms of its kernel (Row.variants), if any
-                for _ in range(2 if launch is not None else 0):
+            for launch in filter(None, (row.run, row.variants)):  # the row's other forms of its kernel, if any
+                for _ in range(2):
                     try:
                         launch(*args)
                     except Exception:  # noqa: BLE001 - recorded or not, the timing run compiles what was missed

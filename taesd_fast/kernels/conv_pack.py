@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .derived import derived
 
-__all__ = ["Plan", "fold_upsample_weight", "pack_weight", "packed_weight", "plan"]
+__all__ = ["Plan", "compose_grow", "fold_upsample_weight", "pack_weight", "packed_weight", "plan"]
 
 # Along one axis, phase p of a nearest-2x upsample reads low-res offsets (p-1, p); row t of _FOLD[p] says which of the
 # three 3x3 taps land on low-res tap t.
@@ -36,6 +36,16 @@ def fold_upsample_weight(w: Tensor) -> Tensor:
     # phase (py, px): W[o, c, ty, tx] = sum_{ky,kx} fold[py, ty, ky] * fold[px, tx, kx] * w[o, c, ky, kx]
     wp = torch.einsum("pak,qbl,ockl->pqocab", fold, fold, w.float())
     return wp.reshape(4, *w.shape[:2], 2, 2)
+
+
+def compose_grow(w: Tensor, grow_w: Tensor) -> Tensor:
+    """The 3x3 conv weight w [C_out, C, 3, 3] composed with TAEHV TGrow's bias-free 1x1 weight grow_w [G*C, C, 1, 1]
+    (G groups: group t becomes output frame t): [G, C_out, C, 3, 3], group t the weight of the conv on frame t of
+    TGrow's output, as a conv on TGrow's input. Summed in fp32 (float64 weights: float64), not rounded."""
+    c = w.shape[1]
+    acc = torch.promote_types(w.dtype, torch.float32)
+    g = grow_w.detach().to(acc).reshape(-1, c, c)  # [group, conv input channel, TGrow input channel]
+    return torch.einsum("ojyx,tji->toiyx", w.detach().to(acc), g)
 
 
 @dataclass(frozen=True)

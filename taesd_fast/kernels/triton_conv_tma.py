@@ -24,7 +24,7 @@ from torch import Tensor
 from .conv_contract import check_conv_args, conv_shape_reason, new_out, output_shape
 from .conv_epilogue import epilogue, tile_origin, upsample_phase
 from .conv_launch import contiguous_bias, conv_row_run, mark_launched, on_device, prepare, spec_launched
-from .conv_pack import pack_weight, packed_weight, plan
+from .conv_pack import compose_grow, pack_weight, packed_weight, plan
 from .device import capability, sm_count
 from .derived import derived
 from .tma_pdl import aligned_nhwc, pdl_args, pdl_start
@@ -248,9 +248,7 @@ def grown_weight(grow_w: Tensor, w: Tensor, grow: int, upsample: int, p) -> tupl
 
     def build() -> Tensor:
         packed_now.append("grown weight")
-        c = w.shape[1]
-        g = grow_w.detach().float().reshape(grow, c, c)  # [group, conv input channel, TGrow input channel]
-        composed = torch.einsum("ojyx,tji->toiyx", w.detach().float(), g)
+        composed = compose_grow(w, grow_w)
         return torch.cat([pack_weight(composed[t], upsample, p) for t in range(grow)])
 
     if grow_w.is_inference():

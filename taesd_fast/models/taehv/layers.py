@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import dispatch
+from ...kernels.conv_pack import compose_grow
 from ..layers import Clamp, DispatchConv2d, conv1x1, conv3x3
 
 BASE_WIDTHS = (256, 128, 64, 64)
@@ -213,9 +214,7 @@ def composed_weight(grow: TGrow, conv: DispatchConv2d) -> torch.Tensor:
         return hit[1]
     c = g.shape[1]
     with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
-        acc = torch.promote_types(w.dtype, torch.float32)
-        rows = g[-c:].reshape(c, c).to(acc)  # [conv input channel, TGrow input channel]
-        value = torch.einsum("ojyx,ji->oiyx", w.to(acc), rows).to(w.dtype).contiguous()
+        value = compose_grow(w, g[-c:])[0].to(w.dtype).contiguous()
     conv.__dict__["_composed"] = (stamp, value)
     return value
 
