@@ -15,8 +15,8 @@ from .conv_contract import check_conv_args, conv_shape_reason, new_out
 from .device import is_sm90
 from .tma_pdl import aligned_nhwc, pdl_args
 
-__all__ = ["ConvCall", "contiguous_bias", "conv_row_run", "launch_checked", "mark_launched", "on_device", "prepare",
-           "route", "sm90_spec_reason", "spec_launched"]
+__all__ = ["ConvCall", "contiguous_bias", "conv_row_run", "launch_checked", "mark_launched", "mem_operands",
+           "on_device", "prepare", "route", "sm90_spec_reason", "spec_launched"]
 
 
 @dataclass
@@ -49,6 +49,23 @@ def contiguous_bias(b: Tensor | None) -> tuple[Tensor | None, list]:
     if b is None or b.is_contiguous():
         return b, []
     return b.contiguous(), ["bias copy"]
+
+
+def mem_operands(name: str, x: Tensor, memory: Tensor | None, b: Tensor | None, frames: int,
+                 reason: str | None) -> tuple[Tensor, Tensor | None, Tensor | None, list]:
+    """The memory-block conv rows' common start (triton_mem_conv, cuda_mem_conv): refuse the call (ValueError
+    naming the row and `reason`, the kernel's own limit, or a memory that does not match x in samples of `frames`
+    frames), then x and the memory dense NHWC with a 16-byte aligned base and b contiguous. Returns (x, memory, b,
+    copied), copied as contiguous_bias gives it."""
+    if reason is None and memory is not None and (memory.shape[0] * frames != x.shape[0]
+                                                   or memory.shape[1:] != x.shape[1:]):
+        reason = f"memory {tuple(memory.shape)} does not match x {tuple(x.shape)} in samples of {frames} frames"
+    if reason is not None:
+        raise ValueError(f"{name}: {reason}")
+    x = aligned_nhwc(x)
+    memory = None if memory is None else aligned_nhwc(memory.to(x.dtype))
+    b, copied = contiguous_bias(b)
+    return x, memory, b, copied
 
 
 def launch_checked(variant: str, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int,

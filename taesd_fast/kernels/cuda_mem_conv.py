@@ -16,11 +16,11 @@ from torch import Tensor
 
 from . import cuda_conv_rows
 from .conv_contract import conv_shape_reason, new_out
-from .conv_launch import contiguous_bias, on_device
+from .conv_launch import mem_operands, on_device
 from .conv_pack import pack_weight, packed_weight, plan
 from .conv_schedule import rows_per_program
 from .device import is_sm90, sm_count
-from .tma_pdl import aligned_nhwc, pdl_args
+from .tma_pdl import pdl_args
 
 NAME = "cuda_mem_conv"
 C = cuda_conv_rows.C
@@ -80,14 +80,7 @@ def mem_conv_launch(x: Tensor, memory: Tensor | None, w: Tensor, b: Tensor | Non
     frame's predecessor within its sample and memory[s] ([B, 64, H, W]; zeros when None) for sample s's first frame.
     Returns the channels_last output. ValueError where the kernel cannot take the call."""
     reason = unsupported_reason(tuple(x.shape), tuple(w.shape), x.dtype, frames)
-    if reason is None and memory is not None and (memory.shape[0] * frames != x.shape[0]
-                                                   or memory.shape[1:] != x.shape[1:]):
-        reason = f"memory {tuple(memory.shape)} does not match x {tuple(x.shape)} in samples of {frames} frames"
-    if reason is not None:
-        raise ValueError(f"{NAME}: {reason}")
-    x = aligned_nhwc(x)
-    memory = None if memory is None else aligned_nhwc(memory.to(x.dtype))
-    b, copied = contiguous_bias(b)
+    x, memory, b, copied = mem_operands(NAME, x, memory, b, frames, reason)
     w_x, w_past, packed_now = _halves(w)
     B, _, H, W = x.shape
     rows = rows_per_program(B, H, -(-W // cuda_conv_rows.STRIP), sm_count(x.device))

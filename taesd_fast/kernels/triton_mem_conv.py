@@ -17,10 +17,10 @@ from torch import Tensor
 
 from .conv_contract import f16_3x3_reason, new_out
 from .conv_epilogue import epilogue, tile_origin
-from .conv_launch import contiguous_bias, mark_launched, on_device, spec_launched
+from .conv_launch import mark_launched, mem_operands, on_device, spec_launched
 from .conv_pack import Plan, packed_weight, plan
 from .device import capability
-from .tma_pdl import aligned_nhwc, pdl_args, pdl_start
+from .tma_pdl import pdl_args, pdl_start
 from .triton_conv_tma import TMAConfig, default_config, device_sms, grid_tiles
 from .triton_import import TRITON_ERROR, tl, triton, triton_unavailable_reason
 
@@ -125,14 +125,7 @@ def mem_conv_launch(x: Tensor, memory: Tensor | None, w: Tensor, b: Tensor | Non
     if triton is None:
         raise RuntimeError(f"{NAME}: {TRITON_ERROR}")
     reason = unsupported_reason(tuple(x.shape), tuple(w.shape), x.dtype, frames, x.device)
-    if reason is None and memory is not None and (memory.shape[0] * frames != x.shape[0]
-                                                   or memory.shape[1:] != x.shape[1:]):
-        reason = f"memory {tuple(memory.shape)} does not match x {tuple(x.shape)} in samples of {frames} frames"
-    if reason is not None:
-        raise ValueError(f"{NAME}: {reason}")
-    x = aligned_nhwc(x)
-    memory = None if memory is None else aligned_nhwc(memory.to(x.dtype))
-    b, copied = contiguous_bias(b)
+    x, memory, b, copied = mem_operands(NAME, x, memory, b, frames, reason)
     n, c, h, wd = x.shape
     c_out = w.shape[0]
     out = new_out((n, c_out, h, wd), x)
