@@ -71,6 +71,12 @@ def _nhwc_map(t: Tensor, box_w: int, box_c: int = 64):
     return tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], [box_c, box_w, 1, 1], swizzle=box_c == 64)
 
 
+def program_rows(x: Tensor) -> int:
+    """Output rows per program for a launch on x [B, 64, H, W]: strips of STRIP columns, about one wave."""
+    B, _, H, W = x.shape
+    return rows_per_program(B, H, -(-W // STRIP), sm_count(x.device))
+
+
 def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool,
            rows: int, pdl: bool, frames: int = 0, memory: Tensor | None = None) -> None:
     """x, residual, out: channels_last f16 [B, 64, H, W], 16-byte aligned; wp: conv_pack's weight [1, 576, 64]
@@ -101,10 +107,8 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
     refuse = shape_reason(x.shape[1], w.shape[0], x.shape[3], stride, upsample, pre_clamp)
 
     def kernel(call, wp, pdl):
-        B, _, H, W = call.x.shape
-        rows = rows_per_program(B, H, -(-W // STRIP), sm_count(call.x.device))
         try:
-            launch(call.x, wp, call.b, call.residual, call.out, relu, rows, pdl["PDL"])
+            launch(call.x, wp, call.b, call.residual, call.out, relu, program_rows(call.x), pdl["PDL"])
         except RuntimeError as e:  # NVRTC or the driver refused it; nothing was launched
             give_up(e)
             raise

@@ -18,8 +18,7 @@ from . import cuda_conv_rows
 from .conv_contract import conv_shape_reason, new_out
 from .conv_launch import mem_operands, on_device
 from .conv_pack import pack_weight, packed_weight, plan
-from .conv_schedule import rows_per_program
-from .device import is_sm90, sm_count
+from .device import is_sm90
 from .tma_pdl import pdl_args
 
 NAME = "cuda_mem_conv"
@@ -82,8 +81,7 @@ def mem_conv_launch(x: Tensor, memory: Tensor | None, w: Tensor, b: Tensor | Non
     reason = unsupported_reason(tuple(x.shape), tuple(w.shape), x.dtype, frames)
     x, memory, b, copied = mem_operands(NAME, x, memory, b, frames, reason)
     w_x, w_past, packed_now = _halves(w)
-    B, _, H, W = x.shape
-    rows = rows_per_program(B, H, -(-W // cuda_conv_rows.STRIP), sm_count(x.device))
+    rows = cuda_conv_rows.program_rows(x)
     pdl = pdl_args(x, packed_now + copied)["PDL"]
     past, out = new_out(x.shape, x), new_out(x.shape, x)
     with on_device(x):
