@@ -42,3 +42,22 @@ def test_tags_are_separate_and_inference_tensors_rebuild():
     cache.get(v, "a", build)
     cache.get(v, "a", build)
     assert len(calls) == 2  # no version counter to trust: rebuilt every time
+
+
+def test_also_tensors_rebuild_the_same_entry():
+    """A tensor derived from two (TGrow's weight composed with a conv's): a change to the second rebuilds it, and
+    the entry is replaced, not joined by one per version."""
+    cache = DerivedCache()
+    w, g = torch.randn(3), torch.randn(3)
+    build, calls = _counting(lambda: w * g)
+    first = cache.get(w, "wg", build, also=(g,))
+    assert cache.get(w, "wg", build, also=(g,)) is first and len(calls) == 1
+    g.add_(1.0)
+    assert torch.equal(cache.get(w, "wg", build, also=(g,)), w * g) and len(calls) == 2
+    assert list(cache._d[w]) == ["wg"]
+    with torch.inference_mode():
+        v = torch.randn(3)
+    cache.get(w, "wv", lambda: w * v, also=(v,))
+    build, calls = _counting(lambda: w * v)
+    cache.get(w, "wv", build, also=(v,))
+    assert len(calls) == 1  # an inference tensor among them: rebuilt every time

@@ -13,10 +13,10 @@ class DerivedCache:
     """Derived tensors kept per source tensor (weak key, so entries die with the source) and per tag, rebuilt when
     the source changes: its version counter (an in-place update) or its storage, dtype, device or strides
     (`param.data = ...`, which is what module.half() / .to() do, keeps the Parameter object and its version, so
-    identity and version alone would hand back a stale copy). Inference tensors have no version counter: rebuilt
-    on every call. During CUDA-graph capture a hit is used and pinned for the process lifetime (the graph reads it
-    on every replay), and a miss is built inside the capture (correct, but rebuilt on every replay: run once before
-    capturing)."""
+    identity and version alone would hand back a stale copy); the same for the tensors given as `also`. Inference
+    tensors have no version counter: rebuilt on every call. During CUDA-graph capture a hit is used and pinned for
+    the process lifetime (the graph reads it on every replay), and a miss is built inside the capture (correct, but
+    rebuilt on every replay: run once before capturing)."""
 
     def __init__(self):
         from torch.utils.weak import WeakTensorKeyDictionary  # tensors compare elementwise: a plain weak dict breaks
@@ -25,11 +25,13 @@ class DerivedCache:
         self._pinned: dict[int, Tensor] = {}
         self._lock = threading.Lock()
 
-    def get(self, src: Tensor, tag, build: Callable[[], Tensor]) -> Tensor:
-        if src.is_inference():
+    def get(self, src: Tensor, tag, build: Callable[[], Tensor], also: tuple = ()) -> Tensor:
+        """build()'s tensor for (src, tag), cached. `also`: other tensors it is derived from (TGrow's weight for a
+        composed one); a change to any of them rebuilds it, in the same entry."""
+        if src.is_inference() or any(t.is_inference() for t in also):
             return build()
         capturing = src.is_cuda and torch.cuda.is_current_stream_capturing()
-        stamp = (src._version, src.data_ptr(), src.dtype, src.device, tuple(src.shape), src.stride())
+        stamp = tuple((t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride()) for t in (src, *also))
         with self._lock:
             entry = self._d.get(src)
             hit = None if entry is None else entry.get(tag)

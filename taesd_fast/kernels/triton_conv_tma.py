@@ -251,10 +251,7 @@ def grown_weight(grow_w: Tensor, w: Tensor, grow: int, upsample: int, p) -> tupl
         composed = compose_grow(w, grow_w)
         return torch.cat([pack_weight(composed[t], upsample, p) for t in range(grow)])
 
-    if grow_w.is_inference():
-        return build(), packed_now
-    stamp = (grow_w.data_ptr(), grow_w._version, grow_w.dtype, tuple(grow_w.shape))
-    return derived.get(w, ("grow", grow, upsample, p, stamp), build), packed_now
+    return derived.get(w, ("grow", grow, upsample, p), build, also=(grow_w,)), packed_now
 
 
 def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: int, relu: bool, upsample: int = 1,

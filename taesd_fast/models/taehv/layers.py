@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ... import dispatch
 from ...kernels.conv_pack import compose_grow
+from ...kernels.derived import derived
 from ..layers import Clamp, DispatchConv2d, conv1x1, conv3x3
 
 BASE_WIDTHS = (256, 128, 64, 64)
@@ -205,18 +206,16 @@ def _foldable(x: torch.Tensor, grow: TGrow, conv: DispatchConv2d) -> bool:
 def composed_weight(grow: TGrow, conv: DispatchConv2d) -> torch.Tensor:
     """conv.weight composed with the last frame's rows of TGrow's 1x1 weight (all of it at stride 1): [C_out, C, 3,
     3], the weight of conv(grow(x)) for one output frame per input frame. Computed in fp32 (float64 weights: float64)
-    and rounded to the conv weight's dtype once; kept until either weight changes (kernels cache their packed
-    weights per tensor)."""
+    and rounded to the conv weight's dtype once; kept in the derived-tensor cache with conv.weight until either
+    weight changes (so kernels, which cache their packed weights per tensor, see the same tensor)."""
     g, w = grow.conv.weight, conv.weight
-    stamp = (g.data_ptr(), g._version, g.dtype, w.data_ptr(), w._version, w.dtype, w.device)
-    hit = conv.__dict__.get("_composed")
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
     c = g.shape[1]
-    with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
-        value = compose_grow(w, g[-c:])[0].to(w.dtype).contiguous()
-    conv.__dict__["_composed"] = (stamp, value)
-    return value
+
+    def build() -> torch.Tensor:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor: kernels cache what they derive from it
+            return compose_grow(w, g[-c:])[0].to(w.dtype).contiguous()
+
+    return derived.get(w, "grow composed", build, also=(g,))
 
 
 def _grown_frames(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
