@@ -41,8 +41,9 @@ def head_full(x_shape, c_out=12, cache=True, dtype=BF16, patch=0, device="cuda:0
 @pytest.fixture
 def h200(monkeypatch):
     """Pretend the spec's device is an H200: sm_90, 132 SMs, Triton and NVRTC usable."""
-    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_fused, cuda_mem_conv, gluon_conv_narrow,
-                                    gluon_conv_up, gluon_fused, triton_conv, triton_conv_tma, triton_mem_conv)
+    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_conv_tiles, cuda_fused, cuda_mem_conv,
+                                    gluon_conv_narrow, gluon_conv_up, gluon_fused, triton_conv, triton_conv_tma,
+                                    triton_mem_conv)
 
     monkeypatch.setattr(conv_launch, "is_sm90", lambda device: True)
     monkeypatch.setattr(cuda_mem_conv, "is_sm90", lambda device: True)
@@ -56,6 +57,7 @@ def h200(monkeypatch):
         monkeypatch.setattr(m, "triton_unavailable_reason", lambda device: None)
     monkeypatch.setattr(cuda_fused, "_failure", [])
     monkeypatch.setattr(cuda_conv_rows, "_failure", [])
+    monkeypatch.setattr(cuda_conv_tiles, "_failure", [])
 
 
 def why(name: str, spec: Spec) -> str | None:
@@ -74,7 +76,7 @@ def test_table_lists_each_kernel_once_with_its_module_functions():
         assert (Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / f"{r.module}.py").is_file()
         assert r.module == (r.name if not r.name.startswith("simt_f16_") else "simt_conv"), "a row lives in its module"
     assert CONV_ROWS == ["triton_conv", "triton_conv_tma", "gluon_conv_rows", "gluon_conv_tile", "gluon_conv_up",
-                         "gluon_conv_narrow", "cuda_conv_rows", "simt_f16_tile", "simt_f16_ocb4", "simt_f16_rb"]
+                         "gluon_conv_narrow", "cuda_conv_rows", "cuda_conv_tiles", "simt_f16_tile", "simt_f16_ocb4", "simt_f16_rb"]
     assert sorted(rows.DEFAULT_ORDER) == sorted({r.name for r in rows.KERNEL_ROWS})
     nchw_first = rows.forced_order("nchw")
     assert nchw_first[:3] == ("simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile")  # NCHW inputs reach the SIMT convs
@@ -192,6 +194,37 @@ def test_cuda_conv_rows_takes_64_to_64_wider_than_64(h200):
     assert "NVRTC could not compile" in why("cuda_conv_rows", conv((1, 64, 256, 256)))
 
 
+def test_cuda_conv_tiles_takes_64k_to_128k_channels(h200):
+    from taesd_fast.kernels import cuda_conv_tiles
+
+    for spec in (conv((1, 256, 40, 64), 256, residual=True), conv((1, 128, 88, 160), 128), conv((8, 64, 5, 3), 128),
+                 conv((2, 192, 13, 24), 256)):
+        assert why("cuda_conv_tiles", spec) is None, spec
+    assert "64->64" in why("cuda_conv_tiles", conv((1, 64, 128, 128)))
+    assert "96->128" in why("cuda_conv_tiles", conv((1, 96, 16, 16), 128))
+    assert "plain stride-1" in why("cuda_conv_tiles", conv((1, 128, 16, 16), 128, stride=2))
+    assert "plain stride-1" in why("cuda_conv_tiles", conv((1, 128, 16, 16), 128, upsample=2))
+    assert why("cuda_conv_tiles", conv((1, 128, 16, 16), 128, device="cpu")) == "CPU tensor"
+    with pytest.warns(RuntimeWarning, match="CUDA tile conv kernel is unavailable .*NVRTC could not compile"):
+        cuda_conv_tiles.give_up(RuntimeError("NVRTC could not compile conv_tile_sm90.cu for sm_90a"))
+    assert "NVRTC could not compile" in why("cuda_conv_tiles", conv((1, 256, 40, 64), 256))
+
+
+@pytest.mark.parametrize("B,H,W,c_out,config", [
+    (1, 40, 64, 256, (1, 4, 64)),  # taew2_1's step, 256 channels: 80 programs
+    (1, 80, 128, 128, (2, 4, 64)),  # its 128-channel stage: 160 one-warpgroup programs, more than 132 SMs
+    (1, 44, 80, 256, (1, 4, 16)),  # taew2_2's: 80 columns in five 16-column boxes of 4 rows
+    (1, 88, 160, 128, (2, 4, 32)),
+    (3, 37, 50, 128, (1, 4, 8))])  # 50 columns: seven 8-column boxes pad least
+def test_cuda_conv_tiles_config(B, H, W, c_out, config):
+    from taesd_fast.kernels import cuda_conv_tiles
+
+    cfg = cuda_conv_tiles.tile_config(B, H, W, c_out, 132)
+    assert (cfg.wg, cfg.stages, cfg.bw) == config
+    assert cfg.smem <= 227 * 1024  # an H200 program's shared-memory limit
+    assert cfg.defines == {"WG": config[0], "STAGES": 4, "BW": config[2]}
+
+
 def mem(x_shape, c_out=None, frames=2, memory=True, dtype=F16, layout="channels_last", device="cuda:0") -> Spec:
     c = x_shape[1]
     return Spec("mem_conv", device, tuple(x_shape), (c_out or c, 2 * c, 3, 3), dtype, 1, True, memory, True, layout,
@@ -250,6 +283,7 @@ def test_simt_rows_take_nchw_f16_up_to_64_channels(variant):
     ("gluon_conv_up", ((1, 64, 16, 16), 64, 1, 1), "plain upsample fold"),
     ("gluon_conv_narrow", ((1, 64, 8, 300), 3, 1, 1), "W=300"),
     ("cuda_conv_rows", ((1, 64, 64, 64), 64, 1, 1), "W=64"),
+    ("cuda_conv_tiles", ((1, 128, 16, 16), 64, 1, 1), "128->64 channels"),
 ])
 def test_launch_refuses_what_the_rule_refuses(module, args, limit):
     import importlib

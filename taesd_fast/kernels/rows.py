@@ -10,8 +10,8 @@ directly from then on.
 
 DEFAULT_ORDER is the preference where nothing was measured (forced-kernel mode): the latency kernels first (their
 rules admit only the small problems they are built for), then the row-streaming and TMA kernels, the pointer kernel
-(every shape), the small-tile and CUDA row kernels, then the SIMT convs. `forced_order(layout)` puts the rows that
-read the input's layout natively first, so NCHW inputs reach the SIMT convs.
+(every shape), the small-tile kernel, the CUDA row and tile kernels, then the SIMT convs. `forced_order(layout)` puts
+the rows that read the input's layout natively first, so NCHW inputs reach the SIMT convs.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ KERNEL_ROWS: list[Row] = [
     _conv("gluon_conv_up", "gluon_conv_up"),  # Gluon upsample fold: 64->64 up 2, no residual, one wave, sm_90
     _conv("gluon_conv_narrow", "gluon_conv_narrow"),  # Gluon narrow outputs: 64->(<=7), W <= 256, one wave, sm_90
     _conv("cuda_conv_rows", "cuda_conv_rows", nvrtc=True),  # CUDA C++ row streaming: 64->64, W > 64, sm_90
+    _conv("cuda_conv_tiles", "cuda_conv_tiles", nvrtc=True),  # CUDA C++ tiles: 64k -> 128k channels, sm_90
     # mem_conv: a TAEHV memory block's first conv on x and its past frames, with nothing concatenated
     _kernel("triton_mem_conv", "mem_conv", "triton_mem_conv", nvrtc=False),  # Triton TMA tiles, sm_90+
     _kernel("cuda_mem_conv", "mem_conv", "cuda_mem_conv"),  # CUDA C++ row streaming, two launches: 64 ch, sm_90
@@ -108,7 +109,7 @@ KERNEL_ROWS: list[Row] = [
 
 DEFAULT_ORDER: tuple[str, ...] = (
     "gluon_conv_up", "gluon_conv_narrow", "gluon_conv_rows", "triton_conv_tma", "triton_conv", "gluon_conv_tile",
-    "cuda_conv_rows", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile", "triton_mem_conv", "cuda_mem_conv",
+    "cuda_conv_rows", "cuda_conv_tiles", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile", "triton_mem_conv", "cuda_mem_conv",
     "cuda_fused", "gluon_fused", "triton_fused", "triton_norm_split", "split_bf16",
 )
 

@@ -1,0 +1,192 @@
+// Tiled implicit-GEMM 3x3 conv for Hopper (sm_90a) at 128 and more channels: TMA + asynchronous wgmma
+// (m64n128k16), for the small grids of a one-frame step (TAEHV's 256- and 128-channel stages at latent resolution).
+//
+// A program computes WG x 64 output pixels by 128 output channels. Each consumer warpgroup's 64 pixels are one TMA
+// box of BH rows x BW columns of one image (BH * BW = 64); its MMA operand is that box as the TMA writes it, 64 rows
+// of 64 channels with the 128-byte swizzle. The K loop walks 9 taps x C_in / 64 channel chunks; step s loads, per
+// warpgroup, the input box shifted by the tap (dy - 1, dx - 1) (the TMA fills the padding with zeros), and the
+// tap's weight slice [128 c_out][64 c_in] (K-major, the same swizzle). A producer warp issues the loads, STAGES steps
+// ahead, refilling a stage once the consumers release it (an "empty" barrier per stage).
+// Epilogue: bias, residual (TMA boxes loaded at the start), ReLU, f16 in the residual's shared memory, TMA stores.
+//
+// Compile-time (NVRTC -D): WG (consumer warpgroups, 1 or 2), STAGES, BW (box columns; BH = 64 / BW).
+
+#define BN 128                          // output channels per program
+#define BH (64 / BW)
+#define A_BYTES 8192                    // one warpgroup's box: 64 px x 64 channels
+#define B_BYTES (BN * 128)              // one tap's weight slice: 128 c_out x 64 c_in
+#define STAGE_BYTES (WG * A_BYTES + B_BYTES)
+#define R_BYTES (WG * (BN / 64) * 8192)  // residual / output boxes: per warpgroup, two of 64 channels
+#define CONSUMERS (WG * 128)
+#define SMEM_BYTES (STAGES * STAGE_BYTES + R_BYTES + 8 * (2 * STAGES + 1))
+
+// acc (+)= A[64 px, 16 c_in] x B[16 c_in, 128 c_out]; scale_d = 0 overwrites acc.
+__device__ __forceinline__ void mma(float (&d)[64], unsigned long long a, unsigned long long b, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void mma_wait1(float (&a)[64]) {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}
+__device__ __forceinline__ void mma_wait0(float (&a)[64]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}
+
+struct Tile {
+  const TmaMap *x_map, *w_map;
+  u32 base, full, empty;
+  int x0, y0, img, n0, kc, c_out;
+};
+
+// Step s's loads into its stage (s % STAGES): the weight slice of tap s / kc, channel chunk s % kc (load_w, which
+// sets the stage's barrier to expect the whole stage) and the warpgroups' input boxes (load_x).
+__device__ __forceinline__ void load_w(const Tile& t, int s) {
+  int stage = s % STAGES, tap = s / t.kc, c = s % t.kc;
+  u32 bar = t.full + 8 * stage;
+  mbar_expect_tx(bar, STAGE_BYTES);
+  tma_load_2d(t.base + stage * STAGE_BYTES + WG * A_BYTES, t.w_map, bar, 64 * c, tap * t.c_out + t.n0);
+}
+__device__ __forceinline__ void load_x(const Tile& t, int s) {
+  int stage = s % STAGES, tap = s / t.kc, c = s % t.kc;
+#pragma unroll
+  for (int g = 0; g < WG; ++g)
+    tma_load_4d(t.base + stage * STAGE_BYTES + g * A_BYTES, t.x_map, t.full + 8 * stage, 64 * c,
+                t.x0 + tap % 3 - 1, t.y0 + g * BH + tap / 3 - 1, t.img);
+}
+
+// Grid: output-channel blocks x pixel tiles, pixel tiles fastest. Tiles past the image's edge load zeros and store
+// nothing (the TMA clips them).
+extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
+    conv_tile_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
+                   const __grid_constant__ TmaMap r_map, const __grid_constant__ TmaMap y_map, const u16* bias,
+                   int c_in, int c_out, int tiles_w, int tiles_h, int m_tiles, int has_res, int relu, int pdl) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  Tile t;
+  t.base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle pattern repeats every 1024 bytes
+  u32 r_base = t.base + STAGES * STAGE_BYTES;
+  t.full = r_base + R_BYTES;
+  t.empty = t.full + 8 * STAGES;
+  u32 res_bar = t.empty + 8 * STAGES;
+  t.x_map = &x_map;
+  t.w_map = &w_map;
+  t.kc = c_in / 64;
+  t.c_out = c_out;
+  int m = blockIdx.x % m_tiles;
+  t.n0 = (blockIdx.x / m_tiles) * BN;
+  t.x0 = (m % tiles_w) * BW;
+  m /= tiles_w;
+  t.y0 = (m % tiles_h) * (WG * BH);
+  t.img = m / tiles_h;
+  int steps = 9 * t.kc, tid = threadIdx.x;
+  bool producer = tid == CONSUMERS;
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(t.full + 8 * s, 1);
+      mbar_init(t.empty + 8 * s, 1);
+    }
+    mbar_init(res_bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
+  if (producer)
+    for (int s = 0; s < STAGES && s < steps; ++s) load_w(t, s);
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  if (producer) {
+    for (int s = 0; s < STAGES && s < steps; ++s) load_x(t, s);
+    if (has_res) {
+      mbar_expect_tx(res_bar, R_BYTES);
+      for (int g = 0; g < WG; ++g)
+        for (int j = 0; j < BN / 64; ++j)
+          tma_load_4d(r_base + (g * (BN / 64) + j) * 8192, &r_map, res_bar, t.n0 + 64 * j, t.x0, t.y0 + g * BH,
+                      t.img);
+    }
+    for (int s = STAGES; s < steps; ++s) {  // refills, once the consumers have released the stage
+      mbar_wait(t.empty + 8 * (s % STAGES), (s / STAGES - 1) & 1);
+      load_w(t, s);
+      load_x(t, s);
+    }
+    return;
+  }
+  if (tid >= CONSUMERS) return;
+
+  int wg = tid / 128;
+  float acc[64];
+  for (int s = 0; s < steps; ++s) {
+    int stage = s % STAGES;
+    mbar_wait(t.full + 8 * stage, (s / STAGES) & 1);
+    u32 a = t.base + stage * STAGE_BYTES + wg * A_BYTES, b = t.base + stage * STAGE_BYTES + WG * A_BYTES;
+    mma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mma(acc, desc(a + 32 * k), desc(b + 32 * k), s + k > 0);
+    mma_commit();
+    mma_wait1(acc);  // step s - 1's MMAs are done (this warp's)
+    if (s >= 1 && s - 1 + STAGES < steps) {
+      asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");  // ... and every consumer warp's
+      if (tid == 0) mbar_arrive(t.empty + 8 * ((s - 1) % STAGES), 1);
+    }
+  }
+  mma_wait0(acc);
+
+  // Epilogue: accumulator element (row m, column c) -> the 128-byte swizzled box of columns 64j.., row m.
+  if (has_res) mbar_wait(res_bar, 0);
+  int lane = tid % 32, warp = (tid / 32) % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int px = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int n8 = 0; n8 < BN / 8; ++n8) {
+      int col = n8 * 8 + 2 * (lane % 4);
+      u32 off = r_base + (wg * (BN / 64) + n8 / 8) * 8192 + px * 128 + (((n8 % 8) ^ (px % 8)) * 16) + (lane % 4) * 4;
+      float v0 = acc[4 * n8 + 2 * half], v1 = acc[4 * n8 + 2 * half + 1];
+      if (bias) {
+        v0 += h2f(ldg_u16(bias + t.n0 + col));
+        v1 += h2f(ldg_u16(bias + t.n0 + col + 1));
+      }
+      if (has_res) {
+        u32 r;
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(off));
+        v0 += h2f((u16)(r & 0xFFFF));
+        v1 += h2f((u16)(r >> 16));
+      }
+      if (relu) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+      }
+      u32 packed = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(off), "r"(packed) : "memory");
+    }
+  }
+  fence_async_shared();
+  asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+  if (tid == 0) {
+    for (int g = 0; g < WG; ++g)
+      for (int j = 0; j < BN / 64; ++j)
+        tma_store_4d(&y_map, r_base + (g * (BN / 64) + j) * 8192, t.n0 + 64 * j, t.x0, t.y0 + g * BH, t.img);
+    tma_store_wait_read();
+  }
+}

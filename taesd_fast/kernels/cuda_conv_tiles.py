@@ -1,0 +1,149 @@
+"""The tiled implicit-GEMM conv in CUDA C++ (row "cuda_conv_tiles"; csrc/conv_tile_sm90.cu, compiled with NVRTC for
+sm_90a) for 3x3 convs with 64k input and 128k output channels: a program computes 64 or 128 output pixels by 128
+output channels with m64n128k16 wgmmas fed by TMA, thread 0 issuing every load. It is built for the small grids of
+a one-frame step (TAEHV's 256- and 128-channel stages at latent resolution), where the Triton kernels spend several
+instructions per MMA.
+
+Covers C_in % 64 == 0 and C_out % 128 == 0 (within the conv contract's 256), stride 1, no upsample or pre_clamp, with or without bias and residual,
+sm_90 with NVRTC. x and the residual must start 16-byte aligned (TMA): views that do not are copied first. A compile
+or launch failure is remembered: a warning once, the call raises, and from then on the row's rule names the failure
+(so the dispatcher skips it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .. import _backend
+from .conv_launch import conv_row_run, launch_checked, sm90_spec_reason
+from .conv_pack import packed_weight, plan
+from .device import sm_count
+from .tma import tensor_map
+
+NAME = "cuda_conv_tiles"
+SOURCE, KERNEL = "conv_tile_sm90.cu", "conv_tile_sm90"
+BN = 128  # output channels per program
+
+_failure: list[str] = []  # why it could not compile or launch in this process, once it could not
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """wg: consumer warpgroups per program (64 output pixels each); stages: K steps in flight; bw: columns of a
+    warpgroup's box of 64 pixels (64 / bw rows)."""
+
+    wg: int
+    stages: int
+    bw: int
+
+    @property
+    def defines(self) -> dict[str, int]:
+        return {"WG": self.wg, "STAGES": self.stages, "BW": self.bw}
+
+    @property
+    def smem(self) -> int:
+        """The kernel's SMEM_BYTES plus 1024-byte alignment slack."""
+        stage = self.wg * 8192 + BN * 128
+        return self.stages * stage + self.wg * (BN // 64) * 8192 + 8 * (2 * self.stages + 1) + 1024
+
+
+def box_width(W: int) -> int:
+    """Columns of a 64-pixel box: the width that pads the row least (64, 32, 16 or 8; the wider on a tie)."""
+    return min((64, 32, 16, 8), key=lambda bw: (-(-W // bw) * bw, -bw))
+
+
+def tile_config(B: int, H: int, W: int, c_out: int, sms: int) -> TileConfig:
+    """One warpgroup per program while the programs fit in one wave, else two: each loads its weight slices once
+    for 128 pixels, and the bytes an SM takes in per MMA set these convs' time. Four stages."""
+    bw = box_width(W)
+    programs = B * -(-H // (64 // bw)) * -(-W // bw) * (c_out // BN)
+    return TileConfig(1 if programs <= sms else 2, 4, bw)
+
+
+def give_up(error: Exception) -> None:
+    """Called when compiling or launching failed: one warning; the row's rule names the failure from then on."""
+    _failure.append(f"{type(error).__name__}: {error}")
+    warnings.warn(f"taesd_fast: the CUDA tile conv kernel is unavailable ({_failure[0]}); other kernels run instead",
+                  RuntimeWarning, stacklevel=3)
+
+
+def shape_reason(c_in: int, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:
+    """Why the kernel does not cover this conv (beyond the conv contract and the GPU), or None."""
+    if c_in % 64 or c_out % BN:
+        return f"{c_in}->{c_out} channels (the CUDA tile kernel does multiples of 64 -> multiples of {BN})"
+    if stride != 1 or upsample != 1 or pre_clamp:
+        return "stride 2, the upsample fold or pre_clamp (the CUDA tile kernel does plain stride-1 convs)"
+    return None
+
+
+def spec_unsupported_reason(spec) -> str | None:
+    """The row's support rule: CUDA sm_90, the conv contract, shape_reason, and no earlier compile failure (NVRTC
+    itself is checked by the dispatcher for rows marked nvrtc)."""
+    return (sm90_spec_reason(spec, _failure[0] if _failure else None)
+            or shape_reason(spec.w_shape[1], spec.w_shape[0], spec.stride, spec.upsample, spec.pre_clamp))
+
+
+def _config(x_shape, c_out: int, device) -> TileConfig:
+    B, _, H, W = x_shape
+    return tile_config(B, H, W, c_out, sm_count(device))
+
+
+def spec_ready(spec) -> bool:
+    """True once this shape's build (its TileConfig) is loaded on this device."""
+    cfg = _config(spec.x_shape, spec.w_shape[0], spec.device)
+    return _backend.is_loaded(SOURCE, KERNEL, cfg.defines, device=spec.device)
+
+
+def _nhwc_map(t: Tensor, bw: int):
+    """TMA descriptor over channels_last t [B, C, H, W] as NHWC, 128-byte swizzled boxes of 64 channels x bw
+    columns x 64 / bw rows."""
+    B, C, H, W = t.shape
+    return tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], [64, bw, 64 // bw, 1])
+
+
+def launch(x: Tensor, wk: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool, pdl: bool,
+           cfg: TileConfig) -> None:
+    """x [B, C_in, H, W], residual and out [B, C_out, H, W]: channels_last f16, 16-byte aligned; wk: the weight as
+    [9 * C_out, C_in] (row tap * C_out + c_out, K-major)."""
+    B, c_in, H, W = x.shape
+    c_out = out.shape[1]
+    w_map = tensor_map(wk, [c_in, 9 * c_out], [c_in], [64, BN])
+    y_map = _nhwc_map(out, cfg.bw)
+    r_map = _nhwc_map(residual, cfg.bw) if residual is not None else y_map
+    tiles_w, tiles_h = -(-W // cfg.bw), -(-H // (cfg.wg * 64 // cfg.bw))
+    m_tiles = B * tiles_h * tiles_w
+    kernel = _backend.get_kernel(SOURCE, KERNEL, cfg.defines, device=x.device)
+    kernel((m_tiles * (c_out // BN),), (128 * cfg.wg + 32,),
+           [_nhwc_map(x, cfg.bw), w_map, r_map, y_map, b, c_in, c_out, tiles_w, tiles_h, m_tiles,
+            int(residual is not None), int(relu), int(pdl)], smem=cfg.smem, pdl=pdl)
+
+
+def tap_major(w: Tensor) -> Tensor:
+    """[C_out, C_in, 3, 3] -> f16 [9 * C_out, C_in], row tap * C_out + c_out (the kernel's K-major weight slices)."""
+    c_out, c_in = w.shape[:2]
+    return w.detach().permute(2, 3, 0, 1).reshape(9 * c_out, c_in).half().contiguous()
+
+
+def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
+                upsample: int = 1, pre_clamp: bool = False, cfg: TileConfig | None = None) -> Tensor:
+    """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y.
+    cfg: the build to launch (default: tile_config's)."""
+    refuse = shape_reason(x.shape[1], w.shape[0], stride, upsample, pre_clamp)
+
+    def kernel(call, wk, pdl):
+        try:
+            launch(call.x, wk, call.b, call.residual, call.out, relu, pdl["PDL"],
+                   cfg or _config(call.x.shape, w.shape[0], call.x.device))
+        except RuntimeError as e:  # NVRTC or the driver refused it; nothing was launched
+            give_up(e)
+            raise
+
+    p = plan(w.shape[1], w.shape[0], 1)
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, 1, p, tag=NAME, build=lambda: tap_major(w)), kernel)
+
+
+run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op
