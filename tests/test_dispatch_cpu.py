@@ -276,6 +276,40 @@ def test_graph_timing_keeps_its_own_timings_and_decisions(monkeypatch):
     assert json.loads(store.timings_path().read_text())[graph_key] == {"ms": {"torch": 0.010, "triton_conv": 0.004}}
 
 
+def test_a_kernel_first_decided_inside_a_capture_runs_pytorch_and_the_graph_goes_stale(monkeypatch):
+    """graphs.capture's warm-up decides and runs every call before the capture. A call first decided inside the
+    capture (its warm-up was deferred while the kernel modules were imported, or tuning replaced the decision) would
+    load a module or pack a weight mid-capture (the upsample fold copies from the host, which fails the capture):
+    it runs PyTorch in the graph, is not remembered, and the next dispatch.poll makes the graph stale."""
+    import dataclasses
+
+    from taesd_fast.dispatch import calls, decide, store, table
+    from taesd_fast.kernels import rows as kernel_rows
+
+    spec = dispatch.Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16, 1, True, False, True,
+                         "channels_last", 2)
+    rows = [r for r in dispatch.ROWS if r.kind == "conv2d" and r.name in ("torch", "triton_conv")]
+    rows[1] = dataclasses.replace(rows[1], ready=lambda s: True)  # the module is loaded: only the warm-up is missing
+    real_row = table.row
+    monkeypatch.setattr(table, "row", lambda kind, name: rows[1] if name == "triton_conv" else real_row(kind, name))
+    monkeypatch.setattr(decide, "eligible", lambda s, mode="auto", in_capture=False: (list(rows), {}))
+    monkeypatch.setattr(decide, "device_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(kernel_rows, "importing", lambda: False)
+    store.put(spec.key("FakeGPU", graph=True), {"torch": 0.010, "triton_conv": 0.004}, {})
+    key = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
+    generation = dispatch.generation()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with dispatch.graph_timing():
+        rec = calls._miss(key, "auto", True, ())
+    assert rec.choice == "torch" and "kernel not run before capture" in rec.why
+    assert ("auto", True, key) not in decide.state.decided
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    dispatch.poll()
+    assert dispatch.generation() == generation + 1  # the graph captured with PyTorch there is captured again
+    with dispatch.graph_timing():  # ... after a warm-up, which decides the kernel
+        assert calls._miss(key, "auto", True, ()).choice == "triton_conv"
+
+
 def test_table_is_pytorch_rows_plus_every_kernel_row():
     """The dispatcher runs nothing but its PyTorch rows and the kernel modules' rows (kernels/rows.py), the very
     objects, and each kernel row runs the same function for eager calls and graph replays: which kernel suits which

@@ -52,8 +52,14 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
     if rec is None:  # stored timings miss some candidate
         rec = _send(spec, graph, key, args)
     row = table.row(spec.kind, rec.choice)
-    if in_capture and row.kernel and not row.ready(spec):  # loading a module mid-capture is unsafe
-        return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not loaded before capture",
+    if in_capture and row.kernel and (mode == "auto" or not row.ready(spec)):
+        # Loading a module mid-capture is unsafe, and so is packing a weight there (the upsample fold copies from
+        # the host). graphs.capture's warm-up decides and runs every call first, so in "auto" mode a kernel decided
+        # here never ran: the warm-up was deferred (the background imports ended between it and the capture) or
+        # its decisions were replaced. PyTorch runs in this graph, and the deferral mark makes it stale at the next
+        # dispatch.poll, so the call after captures again with the kernel warmed up.
+        decide.state.deferred = decide.state.deferred or mode == "auto"
+        return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not run before capture",
                              rec.ms, rec.skipped, table.reference(spec.kind).run)
     if sub or not in_capture:
         # A decision made without timing because a capture is under way must not stick: the next eager call decides.
