@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -149,6 +150,14 @@ def _compile(src: str, name: str, arch: str, cubin: bool, opts: list[str]) -> by
 # Sources that use an architecture's accelerated features (wgmma, setmaxnreg: sm_90a) and so compile for exactly
 # that architecture; they run only there.
 ARCH_SPECIFIC = {"conv_row_sm90.cu": 90, "conv_tile_sm90.cu": 90, "head_g_sm90.cu": 90}
+
+
+def give_up(failures: list, kernel: str, error: Exception) -> None:
+    """A CUDA C++ row's compile or launch failure (`error`), remembered in its module's `failures` list, whose first
+    entry the row's rule names from then on (so the dispatcher skips the row); one warning naming `kernel`."""
+    failures.append(f"{type(error).__name__}: {error}")
+    warnings.warn(f"taesd_fast: the {kernel} is unavailable ({failures[0]}); other kernels run instead",
+                  RuntimeWarning, stacklevel=4)
 
 
 # Called with (source, defines, cc) before a build that is not in the disk cache; the tuning process records the

@@ -12,7 +12,6 @@ the failure (so the dispatcher skips it).
 
 from __future__ import annotations
 
-import warnings
 
 from torch import Tensor
 
@@ -35,9 +34,7 @@ _failure: list[str] = []  # why it could not compile or launch in this process, 
 
 def give_up(error: Exception) -> None:
     """Called when compiling or launching failed: one warning; the row's rule names the failure from then on."""
-    _failure.append(f"{type(error).__name__}: {error}")
-    warnings.warn(f"taesd_fast: the CUDA row conv kernel is unavailable ({_failure[0]}); other kernels run instead",
-                  RuntimeWarning, stacklevel=3)
+    _backend.give_up(_failure, "CUDA row conv kernel", error)
 
 
 def shape_reason(c_in: int, c_out: int, W: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:

@@ -12,7 +12,6 @@ or launch failure is remembered: a warning once, the call raises, and from then 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -65,9 +64,7 @@ def tile_config(B: int, H: int, W: int, c_out: int, sms: int) -> TileConfig:
 
 def give_up(error: Exception) -> None:
     """Called when compiling or launching failed: one warning; the row's rule names the failure from then on."""
-    _failure.append(f"{type(error).__name__}: {error}")
-    warnings.warn(f"taesd_fast: the CUDA tile conv kernel is unavailable ({_failure[0]}); other kernels run instead",
-                  RuntimeWarning, stacklevel=3)
+    _backend.give_up(_failure, "CUDA tile conv kernel", error)
 
 
 def shape_reason(c_in: int, c_out: int, stride: int, upsample: int, pre_clamp: bool) -> str | None:

@@ -16,7 +16,6 @@ remembered: a warning once, the call raises, and from then on the row's rule nam
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 from torch import Tensor
@@ -42,9 +41,7 @@ _failure: list[str] = []  # why it could not compile or launch in this process, 
 
 def give_up(error: Exception) -> None:
     """Called when compiling or launching failed: one warning; the row's rule names the failure from then on."""
-    _failure.append(f"{type(error).__name__}: {error}")
-    warnings.warn(f"taesd_fast: the CUDA head kernel is unavailable ({_failure[0]}); other kernels run instead",
-                  RuntimeWarning, stacklevel=3)
+    _backend.give_up(_failure, "CUDA head kernel", error)
 
 
 def _slots(c: int) -> int:
