@@ -17,7 +17,7 @@ import itertools
 
 import pytest
 import torch
-from error_bounds import assert_worst_element_within
+from error_bounds import assert_conv_within
 
 from taesd_fast.dispatch import Spec, table
 from taesd_fast.kernels import simt_conv, conv_contract, gluon_conv_rows, conv_launch, gluon_conv_narrow, cuda_conv_rows, gluon_conv_tile, gluon_conv_up
@@ -82,23 +82,6 @@ def _make(B, H, W, bias, residual, gen, cout=64):
     return x, w, b, r
 
 
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a, ref = a.double(), ref.double()
-    return ((a - ref).norm() / ref.norm()).item()
-
-
-def _assert_close(y, args):
-    """rel err vs float64 <= 2x that of cuDNN f16 run op by op (what the model runs without our kernels), and the
-    worst element within 2x cuDNN's worst (error_bounds)."""
-    ref = conv_contract.conv3x3_math(*args, dtype=torch.float64)
-    assert y.shape == ref.shape and y.dtype == torch.float16
-    assert not y.isnan().any(), "unwritten (NaN-poisoned) output elements"
-    low = conv_contract.conv3x3_math(*args)
-    err, torch_err = rel_err(y, ref), rel_err(low, ref)
-    assert err <= 2 * torch_err + 1e-7, f"rel err {err:.3g} > 2 x cuDNN f16 error {torch_err:.3g}"
-    assert_worst_element_within(y, low, ref)
-
-
 def _run(module, x, w, b, r, relu, upsample=1):
     """The row's run: the dispatcher's conv2d signature (x, w, b, stride, residual, relu, upsample, pre_clamp)."""
     return module.run(x, w, b, 1, r, relu, upsample, False)
@@ -112,7 +95,7 @@ def _check(module, B, H, W, bias, residual, relu, seed, launches, cout=64, upsam
         r = torch.randn(B, cout, 2 * H, 2 * W, generator=gen, device="cuda").half().contiguous(memory_format=CL)
     y = _run(module, x, w, b, r, relu, upsample)
     assert launches, "the kernel under test did not run"
-    _assert_close(y, (x, w, b, r, 1, relu, upsample, False))
+    assert_conv_within(y, (x, w, b, r, 1, relu, upsample, False))
 
 
 # --------------------------------------------------------------------------- every row, one call each
@@ -154,7 +137,7 @@ def test_each_row_runs_its_own_kernel_within_the_bound(name, x_shape, c_out, ups
     before = set(conv_launch._launched)
     y = row.run(x, w, b, 1, r, True, upsample, False)
     torch.cuda.synchronize()
-    _assert_close(y, (x, w, b, r, 1, True, upsample, False))
+    assert_conv_within(y, (x, w, b, r, 1, True, upsample, False))
     if not name.startswith("simt"):
         assert {k[0] for k in set(conv_launch._launched) - before} <= {name}
         assert y.is_contiguous(memory_format=CL)
@@ -210,7 +193,7 @@ def test_misaligned_input_is_copied_for_tma(launches):
     w = (torch.randn(64, 64, 3, 3, generator=gen, device="cuda") / 24).half()
     y = _run(gluon_conv_rows, x, w, None, None, True)
     assert launches and launches[0] == x.shape
-    _assert_close(y, (x, w, None, None, 1, True, 1, False))
+    assert_conv_within(y, (x, w, None, None, 1, True, 1, False))
     assert tma_pdl.aligned_nhwc(x).data_ptr() % 16 == 0
 
 
@@ -225,7 +208,7 @@ def test_graph_capture_replays_new_inputs(launches):
     x.copy_(torch.randn(x.shape, generator=gen, device="cuda").half())
     graph.replay()
     assert len(launches) == 2
-    _assert_close(y, (x, w, b, r, 1, True, 1, False))
+    assert_conv_within(y, (x, w, b, r, 1, True, 1, False))
 
 
 # --------------------------------------------------------------------------- the latency kernel (gluon_conv_tile)
@@ -394,7 +377,7 @@ def test_launch_after_packing_its_weight_goes_without_pdl(monkeypatch):
     assert seen[0] == {"PDL": False}, seen[0]
     assert seen[1].get("PDL") is (tma_pdl.PDL and torch.cuda.get_device_capability()[0] >= 9), seen[1]
     assert torch.equal(y_first, y_cached)
-    _assert_close(y_cached, args)
+    assert_conv_within(y_cached, args)
 
 
 # --------------------------------------------------------------------------- the CUDA row kernel (cuda_conv_rows)
@@ -419,7 +402,7 @@ def test_row_kernel_matches_the_gluon_kernel(B, H, W, rows, bias, residual, relu
     args = (x, w, b, r, 1, relu, 1, False)
     y = _run(cuda_conv_rows, x, w, b, r, relu)
     assert len(row_launches) == 1, "the CUDA row kernel did not run"
-    _assert_close(y, args)
+    assert_conv_within(y, args)
     y_gluon = _run(gluon_conv_rows, x, w, b, r, relu)  # W > 64: 128-column strips, the same row runs
     assert len(launches) == 1 and torch.equal(y, y_gluon)
 
