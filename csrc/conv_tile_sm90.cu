@@ -18,7 +18,7 @@
 #define STAGE_BYTES (WG * A_BYTES + B_BYTES)
 #define R_BYTES (WG * (BN / 64) * 8192)  // residual / output boxes: per warpgroup, two of 64 channels
 #define CONSUMERS (WG * 128)
-#define SMEM_BYTES (STAGES * STAGE_BYTES + R_BYTES + 8 * (2 * STAGES + 1))
+// Dynamic shared memory: STAGES * STAGE_BYTES + R_BYTES + the barriers (cuda_conv_tiles.TileConfig.smem).
 
 // acc (+)= A[64 px, 16 c_in] x B[16 c_in, 128 c_out]; scale_d = 0 overwrites acc.
 __device__ __forceinline__ void mma(float (&d)[64], unsigned long long a, unsigned long long b, int scale_d) {

@@ -58,7 +58,8 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
         # here never ran: the warm-up was deferred (the background imports ended between it and the capture) or
         # its decisions were replaced. PyTorch runs in this graph, and the deferral mark makes it stale at the next
         # dispatch.poll, so the call after captures again with the kernel warmed up.
-        decide.state.deferred = decide.state.deferred or mode == "auto"
+        if mode == "auto":
+            decide.state.deferred = True
         return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not run before capture",
                              rec.ms, rec.skipped, table.reference(spec.kind).run)
     if sub or not in_capture:
