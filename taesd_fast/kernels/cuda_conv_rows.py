@@ -21,7 +21,7 @@ from .conv_pack import packed_weight, plan
 from .conv_schedule import rows_per_program
 from .derived import derived
 from .device import sm_count
-from .tma import tensor_map
+from .tma import nhwc_map, tensor_map
 
 NAME = "cuda_conv_rows"
 SOURCE, KERNEL = "conv_row_sm90.cu", "conv_row_sm90"
@@ -64,8 +64,7 @@ def spec_ready(spec) -> bool:
 def _nhwc_map(t: Tensor, box_w: int, box_c: int = 64):
     """TMA descriptor over channels_last t [B, 64, H, W] as NHWC: boxes of box_w pixels x box_c channels (64:
     128-byte swizzled rows; 8: one unswizzled 16-byte chunk per pixel)."""
-    B, C, H, W = t.shape
-    return tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], [box_c, box_w, 1, 1], swizzle=box_c == 64)
+    return nhwc_map(t, [box_c, box_w, 1, 1], swizzle=box_c == 64)
 
 
 def program_rows(x: Tensor) -> int:

@@ -20,7 +20,7 @@ from .. import _backend
 from .conv_launch import conv_row_run, launch_checked, sm90_spec_reason
 from .conv_pack import packed_weight, plan
 from .device import sm_count
-from .tma import tensor_map
+from .tma import nhwc_map, tensor_map
 
 NAME = "cuda_conv_tiles"
 SOURCE, KERNEL = "conv_tile_sm90.cu", "conv_tile_sm90"
@@ -94,13 +94,6 @@ def spec_ready(spec) -> bool:
     return _backend.is_loaded(SOURCE, KERNEL, cfg.defines, device=spec.device)
 
 
-def _nhwc_map(t: Tensor, bw: int):
-    """TMA descriptor over channels_last t [B, C, H, W] as NHWC, 128-byte swizzled boxes of 64 channels x bw
-    columns x 64 / bw rows."""
-    B, C, H, W = t.shape
-    return tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], [64, bw, 64 // bw, 1])
-
-
 def launch(x: Tensor, wk: Tensor, b: Tensor | None, residual: Tensor | None, out: Tensor, relu: bool, pdl: bool,
            cfg: TileConfig) -> None:
     """x [B, C_in, H, W], residual and out [B, C_out, H, W]: channels_last f16, 16-byte aligned; wk: the weight as
@@ -108,13 +101,14 @@ def launch(x: Tensor, wk: Tensor, b: Tensor | None, residual: Tensor | None, out
     B, c_in, H, W = x.shape
     c_out = out.shape[1]
     w_map = tensor_map(wk, [c_in, 9 * c_out], [c_in], [64, BN])
-    y_map = _nhwc_map(out, cfg.bw)
-    r_map = _nhwc_map(residual, cfg.bw) if residual is not None else y_map
+    box = [64, cfg.bw, 64 // cfg.bw, 1]  # 128-byte swizzled: 64 channels x bw columns x 64 / bw rows
+    y_map = nhwc_map(out, box)
+    r_map = nhwc_map(residual, box) if residual is not None else y_map
     tiles_w, tiles_h = -(-W // cfg.bw), -(-H // (cfg.wg * 64 // cfg.bw))
     m_tiles = B * tiles_h * tiles_w
     kernel = _backend.get_kernel(SOURCE, KERNEL, cfg.defines, device=x.device)
     kernel((m_tiles * (c_out // BN),), (128 * cfg.wg + 32,),
-           [_nhwc_map(x, cfg.bw), w_map, r_map, y_map, b, c_in, c_out, tiles_w, tiles_h, m_tiles,
+           [nhwc_map(x, box), w_map, r_map, y_map, b, c_in, c_out, tiles_w, tiles_h, m_tiles,
             int(residual is not None), int(relu), int(pdl)], smem=cfg.smem, pdl=pdl)
 
 

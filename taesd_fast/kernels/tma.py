@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .. import _backend
 
-__all__ = ["tensor_map"]
+__all__ = ["nhwc_map", "tensor_map"]
 
 _TMA_DTYPES = {torch.float16: 6, torch.bfloat16: 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16
 _TENSOR_MAPS_KEPT = 64
@@ -43,6 +43,13 @@ def tensor_map(t: Tensor, dims: list[int], strides: list[int], box: list[int],
         if len(_tensor_maps) > _TENSOR_MAPS_KEPT:
             _tensor_maps.popitem(last=False)
     return desc
+
+
+def nhwc_map(t: Tensor, box: list[int], swizzle: bool = True) -> ctypes.Array:
+    """tensor_map over channels_last t [B, C, H, W] seen as NHWC: dims (C, W, H, B) with dense strides, `box` in
+    that order (channels, columns, rows, images)."""
+    B, C, H, W = t.shape
+    return tensor_map(t, [C, W, H, B], [C, W * C, H * W * C], box, swizzle)
 
 
 def _encode_tensor_map(t: Tensor, dims: list[int], strides: list[int], box: list[int],
