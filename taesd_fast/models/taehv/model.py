@@ -392,9 +392,9 @@ class TAEHV(TinyAutoencoder):
         batch = state.signature[0]
         preview = self.preview if state.part == "decoder" else None
         post = state.part == "decoder"
-        # A decoder step of one latent frame writes its memory in one copy at the end (it holds every block's input
-        # until then: ~60 MB for taew2_2 at 704x1280); longer steps and the encoder's full-resolution blocks copy as
-        # they go, so their peak does not grow.
+        # A decoder step of one latent frame holds every block's input until its end (~60 MB for taew2_2 at
+        # 704x1280) and writes the memory from there: on CUDA on the side stream beside later layers, else in one
+        # copy; longer steps and the encoder's full-resolution blocks copy as they go, so their peak does not grow.
         batch_memory = post and x.shape[0] == batch
         # On CUDA, a decoder step computes its single-frame memory blocks' memory halves on a side stream (not while
         # torch.compile traces: it would have to trace the streams and events).

@@ -49,10 +49,11 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
     start, stop: run only seq[start:stop] (x is then the input of seq[start]); both must fall between layer groups,
     e.g. at a memory block (`memory_indices`). decode_video runs the low-resolution layers on long chunks and the
     full-resolution ones on short chunks of their output.
-    batch_memory: write every block's memory in one multi-tensor copy right after the last memory block, instead of
-    one copy per block (the streaming step: each copy is a separate small kernel; after the last block, the
-    full-resolution layers have not yet pushed the blocks' inputs out of L2). The blocks' inputs stay alive until
-    then, so long chunks do not batch.
+    batch_memory: the streaming step's memory writes, which keep every block's input alive until the step ends
+    (so long chunks do not batch). With `project`'s side stream, each block's copy runs there as soon as it may,
+    beside the main stream's later layers; without it, one multi-tensor copy right after the last memory block,
+    instead of one small kernel per block (after the last block, the full-resolution layers have not yet pushed the
+    blocks' inputs out of L2).
     project: compute the memory half of the first conv of each base memory block that sees one frame per sample
     ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step, which runs the whole Sequential).
     """
@@ -70,10 +71,22 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
         nxt = modules[i + 1] if i + 1 < len(modules) else None
         if isinstance(m, (MemBlock, SuperMemBlock)):
             j = next(mem)
-            x = _memory_step(m, x, batch, memory, j, pending, projections and projections.take(j))
-            if j == len(memory) - 1:  # the last block: write the memory while its inputs are still in L2
-                _write_memory(projections, pending)
-                projections, pending = None, None
+            projected = projections and projections.take(j)
+            if pending is not None and projections is not None and projections.streams is not None:
+                # A CUDA step: each block's memory copy runs on the side stream as soon as it may, beside the
+                # step's later layers: before a projected block (only its projection, earlier on the side stream,
+                # read that memory), else after the block.
+                copies: list = []
+                if projected is not None:
+                    projections.copy(memory[j], x.reshape(batch, -1, *x.shape[1:])[:, -1])
+                x = _memory_step(m, x, batch, memory, j, copies, projected)
+                if projected is None:
+                    projections.copy(*copies[0])
+            else:
+                x = _memory_step(m, x, batch, memory, j, pending, projected)
+                if j == len(memory) - 1:  # the last block: write the memory while its inputs are still in L2
+                    _write_memory(projections, pending)
+                    projections, pending = None, None
             i += 1
         elif isinstance(m, Clamp) and isinstance(nxt, DispatchConv2d):
             relu = i + 2 < len(modules) and isinstance(modules[i + 2], nn.ReLU)
@@ -127,12 +140,16 @@ class MemoryProjections:
     step of one latent frame that is every block of the decoder's first two stages, whose small grids leave SMs
     idle. (Blocks of several frames would need the past half of their later frames on the step's path.)
 
-    A projection's tensor lives until the step ends (`join`), after every use on the main stream; the next step's
-    side-stream work starts behind all of this step's work, so its memory is never reused while still read."""
+    The side stream also takes the step's memory copies (`copy`), which would otherwise wait on the main stream.
+
+    A projection's tensor and a copy's source live until the step ends (`join`), after every use on the main
+    stream; the next step's side-stream work starts behind all of this step's work, so its memory is never reused
+    while still read."""
 
     def __init__(self, seq: nn.Sequential, frames: int, cuda: bool, memory: list, preview: Preview | None):
         """seq: the Sequential a step runs, with `frames` frames per sample into it; memory: its blocks' memory."""
         self.ready: dict = {}
+        self.kept: list = []
         blocks = [(seq[i], j) for i, j in _single_frame_blocks(seq, frames, preview) if memory[j] is not None]
         self.streams = (torch.cuda.current_stream(), graphs.side_stream("memory")) if cuda and blocks else None
         if self.streams is not None:
@@ -155,10 +172,20 @@ class MemoryProjections:
             self.streams[0].wait_event(hit[1])
         return hit[0]
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """dst.copy_(src) on the side stream, after the main stream's work so far; src is kept until `join`."""
+        event = torch.cuda.Event()
+        event.record(self.streams[0])
+        self.streams[1].wait_event(event)
+        with torch.cuda.stream(self.streams[1]):
+            dst.copy_(src)
+        self.kept.append(src)
+
     def join(self) -> None:
         """The main stream waits for the side stream (a graph capture must end joined)."""
         if self.streams is not None:
             self.streams[0].wait_stream(self.streams[1])
+        self.kept = []
 
 
 def _single_frame_blocks(seq: nn.Sequential, frames: int, preview: Preview | None) -> list[tuple[int, int]]:
