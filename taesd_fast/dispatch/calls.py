@@ -99,8 +99,7 @@ def conv2d_choice(x: Tensor, weight: Tensor, bias: Tensor | None, *, batch: int,
     device, dtype, layout, channels and size but `batch` images, or None when no decision exists yet. A lookup only:
     nothing is timed, tuned or sent. For callers that run such a call in another form where a row is known to win
     (models/taehv/layers.py folds TGrow into the conv after it)."""
-    key = call_key("conv2d", x, weight, bias, 1, None, relu, upsample)
-    key = key[:2] + ((batch, *x.shape[1:]),) + key[3:]  # call_key's third field is x's shape
+    key = call_key("conv2d", x, weight, bias, 1, None, relu, upsample, x_shape=(batch, *x.shape[1:]))
     rec = state.decided.get((state.mode, state.graph, key))
     return None if rec is None else rec.choice
 

@@ -62,11 +62,13 @@ def layout(x: Tensor) -> str:
     return "strided"
 
 
-def call_key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, patch=0, frames=0) -> tuple:
+def call_key(kind, x, w, b, stride, residual, relu, upsample=1, pre_clamp=False, patch=0, frames=0,
+             x_shape=None) -> tuple:
     """Spec's fields as a plain tuple (same order), built on every call: the device and the shapes stay torch
-    objects (hashing a torch.Size equals hashing the tuple); `spec_of` converts them on the slow path."""
-    return (kind, x.device, x.shape, w.shape, x.dtype, stride, b is not None, residual is not None, relu, layout(x),
-            upsample, pre_clamp, patch, frames)
+    objects (hashing a torch.Size equals hashing the tuple); `spec_of` converts them on the slow path.
+    x_shape: the input's shape in the key instead of x's (a lookup for a call of another batch)."""
+    return (kind, x.device, x.shape if x_shape is None else x_shape, w.shape, x.dtype, stride, b is not None,
+            residual is not None, relu, layout(x), upsample, pre_clamp, patch, frames)
 
 
 def spec_of(key: tuple) -> Spec:

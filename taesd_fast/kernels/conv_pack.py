@@ -102,10 +102,11 @@ def pack_weight(w: Tensor, upsample: int, p: Plan) -> Tensor:
     return wt.to(torch.float16).contiguous()  # fp32 sums (the fold) rounded to f16 once
 
 
-def packed_weight(w: Tensor, upsample: int, p: Plan, tag: str = "triton_conv", build=None) -> tuple[Tensor, list]:
+def packed_weight(w: Tensor, upsample: int, p: Plan | None, tag: str = "triton_conv",
+                  build=None) -> tuple[Tensor, list]:
     """(w packed for `p` from the cache, packed_now): packed_now is non-empty when the packing ran in this call, so
     the launch goes without PDL (tma_pdl.pdl_args). `build` replaces pack_weight for kernels with their own layout
-    (gluon_conv_narrow); `tag` keeps those apart in the cache."""
+    (gluon_conv_narrow; p may then be None); `tag` keeps those apart in the cache."""
     packed_now: list = []
     make = build or (lambda: pack_weight(w.detach(), upsample, p))
     wp = derived.get(w, (tag, upsample, p), lambda: packed_now.append(tag) or make())

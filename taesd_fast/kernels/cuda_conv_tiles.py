@@ -1,13 +1,13 @@
 """The tiled implicit-GEMM conv in CUDA C++ (row "cuda_conv_tiles"; csrc/conv_tile_sm90.cu, compiled with NVRTC for
 sm_90a) for 3x3 convs with 64k input and 128k output channels: a program computes 64 or 128 output pixels by 128
-output channels with m64n128k16 wgmmas fed by TMA, thread 0 issuing every load. It is built for the small grids of
-a one-frame step (TAEHV's 256- and 128-channel stages at latent resolution), where the Triton kernels spend several
-instructions per MMA.
+output channels with m64n128k16 wgmmas fed by TMA, a producer warp issuing the loads. It is built for the small
+grids of a one-frame step (TAEHV's 256- and 128-channel stages at latent resolution), where the Triton kernels
+spend several instructions per MMA.
 
-Covers C_in % 64 == 0 and C_out % 128 == 0 (within the conv contract's 256), stride 1, no upsample or pre_clamp, with or without bias and residual,
-sm_90 with NVRTC. x and the residual must start 16-byte aligned (TMA): views that do not are copied first. A compile
-or launch failure is remembered: a warning once, the call raises, and from then on the row's rule names the failure
-(so the dispatcher skips it).
+Covers C_in % 64 == 0 and C_out % 128 == 0 (within the conv contract's 256), stride 1, no upsample or pre_clamp,
+with or without bias and residual, sm_90 with NVRTC. x and the residual must start 16-byte aligned (TMA): views that
+do not are copied first. A compile or launch failure is remembered: a warning once, the call raises, and from then
+on the row's rule names the failure (so the dispatcher skips it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import _backend
 from .conv_launch import conv_row_run, launch_checked, sm90_spec_reason
-from .conv_pack import packed_weight, plan
+from .conv_pack import packed_weight
 from .device import sm_count
 from .tma import nhwc_map, tensor_map
 
@@ -132,9 +132,8 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
             give_up(e)
             raise
 
-    p = plan(w.shape[1], w.shape[0], 1)
     return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
-                          lambda: packed_weight(w, 1, p, tag=NAME, build=lambda: tap_major(w)), kernel)
+                          lambda: packed_weight(w, 1, None, tag=NAME, build=lambda: tap_major(w)), kernel)
 
 
 run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

@@ -13,9 +13,9 @@ ACT_REGS = 56  # the 8 activation warps
 
 __all__ = ["MAXNREG", "head_g_kernel"]
 
-head_g_kernel = None  # without Gluon
-
-if gluon is not None:
+if gluon is None:
+    head_g_kernel = None
+else:
     _G = gl.constexpr(G)  # read inside the kernels
     NARROW_REGS = gl.constexpr(NARROW_REGS)
     ACT_REGS = gl.constexpr(ACT_REGS)

@@ -219,6 +219,18 @@ def _launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, ou
         )
 
 
+def _config_and_plan(op: str, shape, c_out: int, stride: int, upsample: int, pre_clamp: bool, device,
+                     config: TMAConfig | None):
+    """(the launch's config: `config` or shape_config's for an input of `shape`; the weight's plan), or ValueError
+    naming `op` where the kernel's limits (unsupported_reason) exclude them."""
+    cfg = config or shape_config(c_out, shape, upsample, device)
+    p = plan(shape[1], c_out, upsample)
+    reason = unsupported_reason(shape[1], stride, pre_clamp, p.block_k, cfg.tile_w, cfg.block_m, device)
+    if reason is not None:
+        raise ValueError(f"{op}: {reason}")
+    return cfg, p
+
+
 def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None, stride: int, relu: bool,
                        upsample: int = 1, pre_clamp: bool = False, config: TMAConfig | None = None) -> Tensor:
     """Run the TMA kernel (benchmarks pass explicit configs). Returns channels_last y. Raises ValueError where the
@@ -227,12 +239,7 @@ def conv3x3_tma_launch(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor 
         raise RuntimeError(f"conv3x3_tc_tma: {TRITON_ERROR}")
     call = prepare("conv3x3_tc_tma", x, w, b, residual, stride, upsample, tma=True)
     x, out, b, residual = call.x, call.out, call.b, call.residual
-    c_in, c_out = x.shape[1], w.shape[0]
-    cfg = config or shape_config(c_out, x.shape, upsample, x.device)
-    p = plan(c_in, c_out, upsample)
-    reason = unsupported_reason(c_in, stride, pre_clamp, p.block_k, cfg.tile_w, cfg.block_m, x.device)
-    if reason is not None:
-        raise ValueError(f"conv3x3_tc_tma: {reason}")
+    cfg, p = _config_and_plan("conv3x3_tc_tma", x.shape, w.shape[0], stride, upsample, pre_clamp, x.device, config)
     wp, packed_now = packed_weight(w, upsample, p)
     _launch(x, wp, b, residual, out, p, cfg, upsample, relu, 1, packed_now + call.copied)
     mark_launched(NAME, x, w, stride, upsample, pre_clamp, b is not None, residual is not None, relu,
@@ -274,11 +281,7 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
     c_out = w.shape[0]
     grown = (B * grow, c, H, W)
     out = new_out(output_shape(grown, w.shape, 1, upsample), x)
-    cfg = config or shape_config(c_out, grown, upsample, x.device)
-    p = plan(c, c_out, upsample)
-    reason = unsupported_reason(c, 1, False, p.block_k, cfg.tile_w, cfg.block_m, x.device)
-    if reason is not None:
-        raise ValueError(f"conv3x3_grow: {reason}")
+    cfg, p = _config_and_plan("conv3x3_grow", grown, c_out, 1, upsample, False, x.device, config)
     wp, packed_now = grown_weight(grow_w, w, grow, upsample, p)
     _launch(x, wp, b, None, out, p, cfg, upsample, relu, grow, packed_now + copied)
     mark_launched(NAME, x, w, 1, upsample, False, b is not None, False, relu, ("grow", grow, cfg, grown))
