@@ -177,6 +177,49 @@ def test_memory_projections_equal_the_memory_block_conv(family, monkeypatch):
     assert all(rel_err(b, a) < REL_TOL for a, b in zip(*mems))
 
 
+def test_memory_copies_beside_the_step_leave_the_batched_result(family, monkeypatch):
+    """On CUDA a one-frame step's memory copies go on the side stream as soon as run_sequence issues them (before a
+    block whose past half was projected, else after the block). Here each copy runs the moment it is issued, the
+    earliest a side stream could run it: the output and the memory equal the batched copy's exactly, so no copy
+    overwrites a memory that a block still reads."""
+    from taesd_fast.models.taehv import sequence
+
+    issued = []
+
+    class Immediate(sequence.MemoryProjections):
+        def __init__(self, seq, frames, cuda, memory, preview):
+            super().__init__(seq, frames, False, memory, preview)  # the projections, computed here
+            if self.ready:
+                self.streams = ("main", "side")  # as on CUDA: run_sequence hands the copies over
+
+        def take(self, j):
+            hit = self.ready.get(j)
+            return None if hit is None else hit[0]
+
+        def copy(self, dst, src):
+            dst.copy_(src)
+            issued.append(dst)
+
+        def join(self):
+            self.kept = []
+
+    x = _latents(family[2], 1).flatten(0, 1)
+    start = [torch.randn(1, *m.shape[1:], generator=torch.Generator().manual_seed(i))
+             for i, m in enumerate(_first_memory(family[2], x))]
+    outs, mems = [], []
+    for immediate in (False, True):
+        if immediate:
+            monkeypatch.setattr(sequence, "MemoryProjections", Immediate)
+        memory = [m.clone() for m in start]
+        outs.append(sequence.run_sequence(family[2].decoder, x, 1, memory, batch_memory=True, project=True))
+        mems.append(memory)
+    projected = not FAMILIES[family[0]].get("super_decoder")
+    assert len(issued) == (len(start) if projected else 0)  # the super decoder has no projections: one batched copy
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(*mems))
+    assert not all(torch.equal(a, b) for a, b in zip(start, mems[1]))  # the memory was written
+
+
 def _first_memory(model, x):
     """The decoder's memory after one run from zeros: tensors of each block's input shape."""
     from taesd_fast.models.taehv.sequence import memory_indices, run_sequence
