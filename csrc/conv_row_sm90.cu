@@ -6,8 +6,8 @@
 // memory copy of the row, starting 0, 1 and 2 pixels into it. The row is kept without swizzle, channel-chunk major
 // ([8 chunks of 8 channels][130 px][16 bytes]), wgmma's canonical layout, in which an operand may start at any
 // pixel. (With the TMA's 128-byte swizzle it cannot: sm_90's wgmma takes the swizzle phase from the descriptor's
-// start row and ignored the descriptor's base-offset field, as identity-weight probes showed.) So each row is 8 TMA loads of 130
-// pixels x 8 channels, 16.6 KB, instead of three dx-shifted boxes of 128 pixels, 48 KB.
+// start row and ignored the descriptor's base-offset field, as identity-weight probes showed.) So each row is 8 TMA
+// loads of 130 pixels x 8 channels, 16.6 KB, instead of three dx-shifted boxes of 128 pixels, 48 KB.
 //
 // Shared memory (dynamic, 1024-byte aligned): weights [9 taps][64 c_out][64 c_in] (72 KB, K-major, loaded once),
 // STAGES input rows [8][130 px][8 c] (17 KB each), STAGES residual boxes [128 px][64 c], one output box, barriers.

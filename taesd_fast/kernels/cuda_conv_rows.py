@@ -12,7 +12,6 @@ the failure (so the dispatcher skips it).
 
 from __future__ import annotations
 
-
 from torch import Tensor
 
 from .. import _backend

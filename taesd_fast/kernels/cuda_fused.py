@@ -16,7 +16,6 @@ remembered: a warning once, the call raises, and from then on the row's rule nam
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 

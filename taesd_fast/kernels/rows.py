@@ -109,7 +109,8 @@ KERNEL_ROWS: list[Row] = [
 
 DEFAULT_ORDER: tuple[str, ...] = (
     "gluon_conv_up", "gluon_conv_narrow", "gluon_conv_rows", "triton_conv_tma", "triton_conv", "gluon_conv_tile",
-    "cuda_conv_rows", "cuda_conv_tiles", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile", "triton_mem_conv", "cuda_mem_conv",
+    "cuda_conv_rows", "cuda_conv_tiles", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile", "triton_mem_conv",
+    "cuda_mem_conv",
     "cuda_fused", "gluon_fused", "triton_fused", "triton_norm_split", "split_bf16",
 )
 
