@@ -41,12 +41,10 @@ def head_full(x_shape, c_out=12, cache=True, dtype=BF16, patch=0, device="cuda:0
 @pytest.fixture
 def h200(monkeypatch):
     """Pretend the spec's device is an H200: sm_90, 132 SMs, Triton and NVRTC usable."""
-    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_conv_tiles, cuda_fused, cuda_mem_conv,
-                                    gluon_conv_narrow, gluon_conv_up, gluon_fused, triton_conv, triton_conv_tma,
-                                    triton_mem_conv)
+    from taesd_fast.kernels import (conv_launch, cuda_conv_rows, cuda_conv_tiles, cuda_fused, gluon_conv_narrow,
+                                    gluon_conv_up, gluon_fused, triton_conv, triton_conv_tma, triton_mem_conv)
 
     monkeypatch.setattr(conv_launch, "is_sm90", lambda device: True)
-    monkeypatch.setattr(cuda_mem_conv, "is_sm90", lambda device: True)
     monkeypatch.setattr(gluon_fused, "is_sm90", lambda device: True)
     monkeypatch.setattr(triton_conv_tma, "capability", lambda device: (9, 0))
     monkeypatch.setattr(triton_mem_conv, "capability", lambda device: (9, 0))

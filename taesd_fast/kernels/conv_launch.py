@@ -133,13 +133,19 @@ def spec_launched(variant: str, spec, extra=()) -> bool:
                 spec.pre_clamp, spec.bias, spec.residual, spec.relu, extra) in _launched
 
 
-def sm90_spec_reason(spec, library_error: str | None) -> str | None:
-    """The common start of a Hopper kernel row's rule: a CUDA tensor, the kernel's library importable
-    (library_error: why not, or None), an sm_90 GPU, the conv contract."""
+def sm90_device_reason(spec, library_error: str | None) -> str | None:
+    """Why a Hopper kernel cannot run this call here, or None: a CPU tensor, the kernel's library not importable
+    (library_error: why not, or None), not an sm_90 GPU."""
     if not spec.device.startswith("cuda"):
         return "CPU tensor"
     if library_error is not None:
         return library_error
     if not is_sm90(spec.device):
         return "needs an sm_90 GPU (wgmma, TMA)"
-    return conv_shape_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, spec.upsample)
+    return None
+
+
+def sm90_spec_reason(spec, library_error: str | None) -> str | None:
+    """The common start of a Hopper conv2d row's rule: sm90_device_reason, then the conv contract."""
+    return (sm90_device_reason(spec, library_error)
+            or conv_shape_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.stride, spec.upsample))

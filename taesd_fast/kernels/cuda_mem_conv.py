@@ -16,9 +16,8 @@ from torch import Tensor
 
 from . import cuda_conv_rows
 from .conv_contract import conv_shape_reason, new_out
-from .conv_launch import mem_operands, on_device
+from .conv_launch import mem_operands, on_device, sm90_device_reason
 from .conv_pack import pack_weight, packed_weight, plan
-from .device import is_sm90
 from .tma_pdl import pdl_args
 
 NAME = "cuda_mem_conv"
@@ -45,12 +44,9 @@ def unsupported_reason(x_shape, w_shape, dtype, frames: int) -> str | None:
 def spec_unsupported_reason(spec) -> str | None:
     """The row's support rule: CUDA sm_90, the CUDA row kernel not failed in this process (NVRTC itself is checked
     by the dispatcher for rows marked nvrtc), channels_last, then the shapes."""
-    if not spec.device.startswith("cuda"):
-        return "CPU tensor"
-    if cuda_conv_rows._failure:
-        return cuda_conv_rows._failure[0]
-    if not is_sm90(spec.device):
-        return "needs an sm_90 GPU (wgmma, TMA)"
+    why = sm90_device_reason(spec, cuda_conv_rows._failure[0] if cuda_conv_rows._failure else None)
+    if why is not None:
+        return why
     if spec.layout != "channels_last":
         return f"{spec.layout} input (reads channels_last)"
     return unsupported_reason(spec.x_shape, spec.w_shape, spec.dtype, spec.frames)

@@ -10,6 +10,7 @@ memory). `live_elements` and `sizes_at` walk the same layer groups to size decod
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,17 +74,12 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
             j = next(mem)
             projected = projections and projections.take(j)
             if pending is not None and projections is not None and projections.streams is not None:
-                # A CUDA step: each block's memory copy runs on the side stream as soon as it may, beside the
-                # step's later layers: before a projected block (only its projection, earlier on the side stream,
-                # read that memory), else after the block.
-                copies: list = []
-                if projected is not None:
-                    projections.copy(memory[j], x.reshape(batch, -1, *x.shape[1:])[:, -1])
-                x = _memory_step(m, x, batch, memory, j, copies, projected)
-                if projected is None:
-                    projections.copy(*copies[0])
+                # A CUDA step: each block's memory copy runs on the side stream as soon as _memory_step issues it,
+                # beside the step's later layers.
+                x = _memory_step(m, x, batch, memory, j, projections.copy, projected)
             else:
-                x = _memory_step(m, x, batch, memory, j, pending, projected)
+                x = _memory_step(m, x, batch, memory, j, None if pending is None else
+                                 lambda dst, src: pending.append((dst, src)), projected)
                 if j == len(memory) - 1:  # the last block: write the memory while its inputs are still in L2
                     _write_memory(projections, pending)
                     projections, pending = None, None
@@ -201,22 +197,24 @@ def _single_frame_blocks(seq: nn.Sequential, frames: int, preview: Preview | Non
 
 
 def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j: int,
-                 pending: list | None = None, projected: torch.Tensor | None = None) -> torch.Tensor:
+                 write: Callable | None = None, projected: torch.Tensor | None = None) -> torch.Tensor:
     """One memory block over k frames: frame t's past is frame t-1's input (memory[j] for the first). The memory
-    is then overwritten with the last frame, or, with a `pending` list, that copy is appended to it."""
+    then takes the last frame: write(memory[j], last) (default: copied now, on this stream). With a projection of
+    the memory (the block then does not read it), the write is issued before the block, so that a side stream's
+    copy may run beside it; else after the block."""
     nt, c, h, w = x.shape
-    k = nt // batch
-    frames = x.reshape(batch, k, c, h, w)
-    out = block(x, memory[j], k, projected) if isinstance(block, MemBlock) \
-        else block(x, past_frames(x, memory[j], k))
+    last = x.reshape(batch, nt // batch, c, h, w)[:, -1]
+    write = write or (lambda dst, src: dst.copy_(src))
+    if projected is not None:
+        write(memory[j], last)
+    out = block(x, memory[j], nt // batch, projected) if isinstance(block, MemBlock) \
+        else block(x, past_frames(x, memory[j], nt // batch))
     if memory[j] is None:
         # A normal tensor even under inference_mode, so a later step outside it may update it in place.
         with torch.inference_mode(False):
-            memory[j] = torch.empty_like(frames[:, -1])
-    if pending is None:
-        memory[j].copy_(frames[:, -1])
-    else:
-        pending.append((memory[j], frames[:, -1]))
+            memory[j] = torch.empty_like(last)
+    if projected is None:
+        write(memory[j], last)
     return out
 
 
