@@ -113,29 +113,47 @@ __device__ __forceinline__ void load_row(const Run& run, int i) {
     tma_load_4d(run.r_base + stage * R_STAGE_BYTES, run.r_map, bar, 0, run.col0, run.r0 - 2 + i, run.img);
 }
 
-// Output row `row` from acc: bias, residual, ReLU, f16; through the output box and a TMA store (which clips
-// columns past the image).
-__device__ __forceinline__ void store_row(const Run& run, const float (&acc)[32], int row, int stage) {
+// Byte offset of accumulator pair (pixel px, columns 8 n8 + 2 (lane % 4) and the next) in a 128-byte swizzled box
+// of 128 pixels x 64 channels.
+__device__ __forceinline__ u32 pair_off(int n8, int px, int lane) {
+  return px * 128 + ((n8 ^ (px % 8)) * 16) + (lane % 4) * 4;
+}
+
+// Output row `row` from acc: bias (bias_v: this thread's columns, read once per program), residual, ReLU, f16;
+// through the output box and a TMA store (which clips columns past the image). Every residual pair is read before
+// the first store, so the reads overlap rather than wait one by one.
+__device__ __forceinline__ void store_row(const Run& run, const float (&bias_v)[8][2], const float (&acc)[32],
+                                          int row, int stage) {
   int t = threadIdx.x, lane = t % 32, warp = t / 32;  // warp 0-7: pixels 16 * warp .. + 15 of the strip
   if (t == 0) tma_store_wait_read();                   // the previous row's store has left the output box
   __syncthreads();
+  u32 res[2][8];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int px = warp * 16 + lane / 4 + 8 * half;
 #pragma unroll
     for (int n8 = 0; n8 < 8; ++n8) {
-      int col = n8 * 8 + 2 * (lane % 4);
-      u32 off = px * 128 + ((n8 ^ (px % 8)) * 16) + (lane % 4) * 4;
+      res[half][n8] = 0;
+      if (run.has_res)
+        asm volatile("ld.shared.b32 %0, [%1];"
+                     : "=r"(res[half][n8])
+                     : "r"(run.r_base + stage * R_STAGE_BYTES + pair_off(n8, px, lane)));
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int px = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8) {
+      u32 off = pair_off(n8, px, lane);
       float v0 = acc[4 * n8 + 2 * half], v1 = acc[4 * n8 + 2 * half + 1];
       if (run.bias) {
-        v0 += h2f(ldg_u16(run.bias + col));
-        v1 += h2f(ldg_u16(run.bias + col + 1));
+        v0 += bias_v[n8][0];
+        v1 += bias_v[n8][1];
       }
       if (run.has_res) {
-        u32 r;
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(run.r_base + stage * R_STAGE_BYTES + off));
-        v0 += h2f((u16)(r & 0xFFFF));
-        v1 += h2f((u16)(r >> 16));
+        v0 += h2f((u16)(res[half][n8] & 0xFFFF));
+        v1 += h2f((u16)(res[half][n8] >> 16));
       }
       if (run.relu) {
         v0 = fmaxf(v0, 0.f);
@@ -151,7 +169,7 @@ __device__ __forceinline__ void store_row(const Run& run, const float (&acc)[32]
 }
 
 template <int K>
-__device__ __forceinline__ void step(const Run& run, int i, float (&acc)[3][32]) {
+__device__ __forceinline__ void step(const Run& run, const float (&bias_v)[8][2], int i, float (&acc)[3][32]) {
   // Step i = 3g + K reads input row j = r0 - 1 + i. Output row r lives in acc[(r - r0 + 1) % 3]: row j+1 (its
   // first taps) in acc[(K+1)%3], row j in acc[K], row j-1 (completed here) in acc[(K+2)%3].
   float(&next)[32] = acc[(K + 1) % 3];
@@ -166,7 +184,7 @@ __device__ __forceinline__ void step(const Run& run, int i, float (&acc)[3][32])
   row_mmas(done, cur, next, run.x_base + stage * X_STAGE_BYTES + wg * 64 * 16, run.w_base, has_done, has_cur,
            has_next);
   mma_wait<1>(done, cur, next);
-  if (has_done) store_row(run, done, row_done, stage);
+  if (has_done) store_row(run, bias_v, done, row_done, stage);
   mma_wait<0>(done, cur, next);
   __syncthreads();  // every MMA and residual read of this stage is done: refill it
   if (threadIdx.x == 0 && i + STAGES < run.steps) load_row(run, i + STAGES);
@@ -219,6 +237,13 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     mbar_expect_tx(w_bar, W_BYTES);
     for (int tap = 0; tap < 9; ++tap) tma_load_2d(run.w_base + tap * 8192, &w_map, w_bar, 0, tap * 64);
   }
+  // This thread's bias values (columns 8 n8 + 2 (lane % 4) + {0, 1}), before the wait like the weights.
+  float bias_v[8][2];
+#pragma unroll
+  for (int n8 = 0; n8 < 8; ++n8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      bias_v[n8][e] = bias ? h2f(ldg_u16(bias + n8 * 8 + 2 * (threadIdx.x % 4) + e)) : 0.f;
   if (pdl) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -229,9 +254,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   float acc[3][32];
   mbar_wait(w_bar, 0);
   for (int g = 0; g < n_groups; ++g) {
-    step<0>(run, 3 * g + 0, acc);
-    step<1>(run, 3 * g + 1, acc);
-    step<2>(run, 3 * g + 2, acc);
+    step<0>(run, bias_v, 3 * g + 0, acc);
+    step<1>(run, bias_v, 3 * g + 1, acc);
+    step<2>(run, bias_v, 3 * g + 2, acc);
   }
   if (threadIdx.x == 0) tma_store_wait_read();
 }

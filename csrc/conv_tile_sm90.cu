@@ -134,6 +134,15 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   }
   if (tid >= CONSUMERS) return;
 
+  // This thread's bias values for the epilogue (columns 8 n8 + 2 (lane % 4) + {0, 1}), read now: the previous
+  // kernel does not write them, and the epilogue then waits on no global load.
+  int lane = tid % 32, warp = (tid / 32) % 4;
+  float bias_v[BN / 8][2];
+#pragma unroll
+  for (int n8 = 0; n8 < BN / 8; ++n8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bias_v[n8][e] = bias ? h2f(ldg_u16(bias + t.n0 + n8 * 8 + 2 * (lane % 4) + e)) : 0.f;
+
   int wg = tid / 128;
   float acc[64];
   for (int s = 0; s < steps; ++s) {
@@ -152,26 +161,34 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   }
   mma_wait0(acc);
 
-  // Epilogue: accumulator element (row m, column c) -> the 128-byte swizzled box of columns 64j.., row m.
+  // Epilogue: accumulator element (row m, column c) -> the 128-byte swizzled box of columns 64j.., row m. Every
+  // residual pair is read before the first store, so the reads overlap rather than wait one by one.
   if (has_res) mbar_wait(res_bar, 0);
-  int lane = tid % 32, warp = (tid / 32) % 4;
+  u32 res[2][BN / 8];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int px = warp * 16 + lane / 4 + 8 * half;
 #pragma unroll
     for (int n8 = 0; n8 < BN / 8; ++n8) {
-      int col = n8 * 8 + 2 * (lane % 4);
+      u32 off = r_base + (wg * (BN / 64) + n8 / 8) * 8192 + px * 128 + (((n8 % 8) ^ (px % 8)) * 16) + (lane % 4) * 4;
+      res[half][n8] = 0;
+      if (has_res) asm volatile("ld.shared.b32 %0, [%1];" : "=r"(res[half][n8]) : "r"(off));
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int px = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int n8 = 0; n8 < BN / 8; ++n8) {
       u32 off = r_base + (wg * (BN / 64) + n8 / 8) * 8192 + px * 128 + (((n8 % 8) ^ (px % 8)) * 16) + (lane % 4) * 4;
       float v0 = acc[4 * n8 + 2 * half], v1 = acc[4 * n8 + 2 * half + 1];
       if (bias) {
-        v0 += h2f(ldg_u16(bias + t.n0 + col));
-        v1 += h2f(ldg_u16(bias + t.n0 + col + 1));
+        v0 += bias_v[n8][0];
+        v1 += bias_v[n8][1];
       }
       if (has_res) {
-        u32 r;
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(off));
-        v0 += h2f((u16)(r & 0xFFFF));
-        v1 += h2f((u16)(r >> 16));
+        v0 += h2f((u16)(res[half][n8] & 0xFFFF));
+        v1 += h2f((u16)(res[half][n8] >> 16));
       }
       if (relu) {
         v0 = fmaxf(v0, 0.f);
