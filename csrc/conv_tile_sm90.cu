@@ -134,8 +134,8 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   }
   if (tid >= CONSUMERS) return;
 
-  // This thread's bias values for the epilogue (columns 8 n8 + 2 (lane % 4) + {0, 1}), read now: the previous
-  // kernel does not write them, and the epilogue then waits on no global load.
+  // This thread's bias values for the epilogue (columns 8 n8 + 2 (lane % 4) + {0, 1}), read before the K loop so
+  // that the epilogue waits on no global load.
   int lane = tid % 32, warp = (tid / 32) % 4;
   float bias_v[BN / 8][2];
 #pragma unroll

@@ -203,12 +203,13 @@ def _memory_step(block: nn.Module, x: torch.Tensor, batch: int, memory: list, j:
     the memory (the block then does not read it), the write is issued before the block, so that a side stream's
     copy may run beside it; else after the block."""
     nt, c, h, w = x.shape
-    last = x.reshape(batch, nt // batch, c, h, w)[:, -1]
+    k = nt // batch
+    last = x.reshape(batch, k, c, h, w)[:, -1]
     write = write or (lambda dst, src: dst.copy_(src))
     if projected is not None:
         write(memory[j], last)
-    out = block(x, memory[j], nt // batch, projected) if isinstance(block, MemBlock) \
-        else block(x, past_frames(x, memory[j], nt // batch))
+    out = block(x, memory[j], k, projected) if isinstance(block, MemBlock) \
+        else block(x, past_frames(x, memory[j], k))
     if memory[j] is None:
         # A normal tensor even under inference_mode, so a later step outside it may update it in place.
         with torch.inference_mode(False):
