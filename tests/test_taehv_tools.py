@@ -66,6 +66,29 @@ def test_profile_lists_the_kernels_of_one_call(tmp_path, monkeypatch):
     assert shares[0] >= shares[1] >= shares[2] and abs(sum(shares) - 100) < 0.5, shares
 
 
+def test_profile_times_the_tgrow_fold_in_the_conv_group(monkeypatch):
+    """Where grow_conv folds TGrow into the conv after it (with kernels on CUDA; forced here), neither module's
+    forward runs: the recorder times each such call whole, in the conv's group, and no TGrow mark is left; once
+    removed, it puts grow_conv back."""
+    from taesd_fast.models.taehv import layers, sequence
+
+    profile = load_tool(TOOLS / "profile_taehv.py")
+    model = random_decoder("taew2_1")
+    units = profile.group_units(model.decoder)
+    real = sequence.grow_conv
+    rec = profile.Recorder(units, cuda=False)
+    monkeypatch.setattr(layers, "_foldable", lambda *a: True)
+    with torch.no_grad():
+        model.decode_video(torch.randn(1, 2, model.latent_channels, 4, 6))
+    labels = [label for label, _, _ in rec.marks]
+    convs = [label for label in units.values() if profile.FOLDED in label]
+    assert len(convs) == 3 and all(labels.count(label) == 1 for label in convs), labels
+    assert not any("TGrow" in label and profile.FOLDED not in label for label in labels), labels
+    assert all(end >= start for _, start, end in rec.marks)
+    rec.remove()
+    assert sequence.grow_conv is real
+
+
 def test_profile_ncu_window_needs_cuda(capsys):
     """--ncu-window brackets one call for Nsight Compute; without a CUDA device it stops with a one-line error."""
     profile = load_tool(TOOLS / "profile_taehv.py")

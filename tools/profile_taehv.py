@@ -18,8 +18,9 @@ N costliest kernels of one call as the user runs it (a whole-call CUDA-graph rep
 the copies and glue no group owns. --step profiles the streaming step instead: `decode_step` of one latent frame on
 a stream already under way (a replay of the step's graph where the table says replay), --uint8 with uint8 frames.
 With $OUT set, the tables go there as profile_taehv_<variant>[_step].md. With kernels, TGrow is folded into
-the conv after it (models/taehv/layers.py `grow_conv`) wherever the fold applies: those calls skip both modules'
-hooks, so their time is in "other" and the TGrow group is absent.
+the conv after it (models/taehv/layers.py `grow_conv`) wherever the fold applies, and neither module's forward
+runs: such a call is timed as a whole into the conv's group, whose label then says so, and the TGrow group has no
+time of its own (its FLOPs and bytes, counted on the PyTorch path, stay in its row).
 
 --ncu-window skips the tables: after the same warm-up it runs one call (a graph replay) between
 cudaProfilerStart and cudaProfilerStop, for Nsight Compute to profile kernel by kernel. To redo BENCHMARKS.md's ncu
@@ -50,9 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from taesd_fast import dispatch
 from taesd_fast.apps.bench.taehv import random_decoder
 from taesd_fast.models.layers import DispatchConv2d
+from taesd_fast.models.taehv import layers as taehv_layers
+from taesd_fast.models.taehv import sequence
 from taesd_fast.models.taehv.layers import MemBlock, SuperMemBlock, TGrow
 
 SMALL = dict(latents=3, size=(32, 48))  # --small: pixels (for patch 1; scaled by the patch size)
+FOLDED = " (TGrow folded in where the fold applies)"  # the label of a conv after TGrow
 
 
 def group_units(decoder: nn.Sequential) -> dict[nn.Module, str]:
@@ -74,7 +78,7 @@ def group_units(decoder: nn.Sequential) -> dict[nn.Module, str]:
             elif m is convs[-1]:
                 units[m] = f"last conv ({m.in_channels} -> {m.out_channels})"
             elif i > 0 and isinstance(modules[i - 1], TGrow):
-                units[m] = f"stage {stage - 1} upsample + conv 3x3 ({m.in_channels} -> {m.out_channels})"
+                units[m] = f"stage {stage - 1} upsample + conv 3x3 ({m.in_channels} -> {m.out_channels}){FOLDED}"
             else:  # the super decoder's conv before its pixel shuffle
                 units[m] = f"stage {stage} conv 3x3 + pixel shuffle ({m.in_channels} -> {m.out_channels})"
     return units
@@ -82,7 +86,9 @@ def group_units(decoder: nn.Sequential) -> dict[nn.Module, str]:
 
 class Recorder:
     """Forward hooks on the units: start/end marks per call (CUDA events, or the clock on the CPU), and in a
-    counting pass FLOPs (FlopCounterMode over the call) and bytes (input, output and weight tensors)."""
+    counting pass FLOPs (FlopCounterMode over the call) and bytes (input, output and weight tensors). The TGrow fold
+    (`grow_conv`, which runs neither TGrow's nor the conv's forward where it folds) is timed as one call of the conv's
+    unit, with the modules' hooks quiet inside it, while the recorder is installed (until `remove`)."""
 
     def __init__(self, units: dict[nn.Module, str], cuda: bool):
         self.units, self.cuda = units, cuda
@@ -93,10 +99,25 @@ class Recorder:
         self.calls: dict[str, int] = {}
         self.shape: dict[str, str] = {}
         self._open: dict[nn.Module, object] = {}
+        self._quiet = False
         self.handles = []
         for module in units:
             self.handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._post, with_kwargs=True))
+        self._grow_conv = sequence.grow_conv
+        sequence.grow_conv = self._timed_grow_conv
+
+    def _timed_grow_conv(self, grow, conv, x, *args, **kwargs):
+        if self.counting or conv not in self.units or not taehv_layers._foldable(x, grow, conv):
+            return self._grow_conv(grow, conv, x, *args, **kwargs)  # the modules' own hooks see it
+        self._quiet = True
+        start = self._now()
+        try:
+            out = self._grow_conv(grow, conv, x, *args, **kwargs)
+        finally:
+            self._quiet = False
+        self.marks.append((self.units[conv], start, self._now()))
+        return out
 
     def _now(self):
         if self.cuda:
@@ -106,6 +127,8 @@ class Recorder:
         return time.perf_counter()
 
     def _pre(self, module, args, kwargs):
+        if self._quiet:
+            return
         if self.counting:
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -116,6 +139,8 @@ class Recorder:
             self._open[module] = self._now()
 
     def _post(self, module, args, kwargs, output):
+        if self._quiet:
+            return
         label = self.units[module]
         if not self.counting:
             self.marks.append((label, self._open.pop(module), self._now()))
@@ -143,6 +168,8 @@ class Recorder:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        if sequence.grow_conv == self._timed_grow_conv:
+            sequence.grow_conv = self._grow_conv
 
 
 def wall_ms(fn, cuda: bool) -> float:
