@@ -76,6 +76,7 @@ def test_profile_times_the_tgrow_fold_in_the_conv_group(monkeypatch):
     model = random_decoder("taew2_1")
     units = profile.group_units(model.decoder)
     real = sequence.grow_conv
+    monkeypatch.setattr(sequence, "grow_conv", real)  # put back at teardown even if an assertion fails first
     rec = profile.Recorder(units, cuda=False)
     monkeypatch.setattr(layers, "_foldable", lambda *a: True)
     with torch.no_grad():
