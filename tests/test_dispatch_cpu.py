@@ -194,6 +194,27 @@ def test_cached_timings_drive_auto_choice():
     assert dispatch.decide.pick(spec, "auto", rows, {}, fast, "t", False).run is dispatch.table.row("conv2d", "simt_f16_rb").run
 
 
+def test_graph_decisions_prefer_the_tile_kernel_within_its_slack():
+    """In graph replays, cuda_conv_tiles is taken over triton_conv_tma where it times within 6% of it (decide's
+    CHAIN_PREFERRED, measured in taew2_1's step); eager decisions, and a wider gap, keep the fastest row."""
+    spec = dispatch.Spec("conv2d", "cuda:0", (1, 128, 80, 128), (128, 128, 3, 3), torch.float16, 1, True, False, True,
+                         "channels_last")
+    rows = [r for r in dispatch.ROWS if r.kind == "conv2d"]
+
+    def pick(tiles: float, graph: bool, mode: str = "auto") -> str:
+        entry = {"ms": {"torch": 16.0, "triton_conv_tma": 9.0, "cuda_conv_tiles": tiles, "triton_conv": 10.5}}
+        return dispatch.decide.pick(spec, mode, rows, {}, entry, "t", graph).choice
+
+    assert pick(9.5, graph=True) == "cuda_conv_tiles"  # 5.6% slower alone
+    assert pick(9.5, graph=True, mode="kernels") == "cuda_conv_tiles"
+    assert pick(9.6, graph=True) == "triton_conv_tma"  # 6.7%
+    assert pick(9.5, graph=False) == "triton_conv_tma"
+    assert pick(8.9, graph=False) == "cuda_conv_tiles"
+    record = dispatch.decide.pick(spec, "auto", rows, {}, {"ms": {"torch": 16.0, "triton_conv_tma": 9.0,
+                                                                  "cuda_conv_tiles": 9.5}}, "t", True)
+    assert record.run is dispatch.table.row("conv2d", "cuda_conv_tiles").run and "faster in a chain" in record.why
+
+
 def test_import_touches_no_cuda():
     code = (
         "import torch\n"
