@@ -1,0 +1,293 @@
+// The TAEHV decoder's tail in one kernel for Hopper (sm_90a): TGrow + nearest 2x upsample + 3x3 conv 64 -> 64 +
+// bias + ReLU (h), then the last 3x3 conv 64 -> C2 (C2 = 3 p^2 <= 16) + bias, rounded to f16 as that conv's output
+// would be, clamped to [0, 1], unpatchified by p and written as uint8 (round(255 v), as triton_frames rounds it) or
+// f16 frames. h, 84 MB at taew2_1's step, never leaves shared memory.
+//
+// One program owns an output frame f (input image f / S, folded weight set f % S), a run of output rows
+// r0 .. r_end - 1 and a strip of 126 output columns X0 = 126 * strip ... It walks down the h rows Y = r0 - 1 ..
+// r_end. For each:
+// - h row Y: output row parity py = Y % 2 of low-res row Y / 2. Warpgroup wg computes column phase px = wg for 64
+//   low-res columns: warpgroup 0 the even h columns X0, X0 + 2, .. X0 + 126 (low-res columns x0 .. x0 + 63),
+//   warpgroup 1 the odd ones X0 - 1, .. X0 + 125 (low-res x0 - 1 .. x0 + 62); x0 = X0 / 2. Phase (py, px) tap
+//   (ty, tx) reads low-res row Y / 2 + py - 1 + ty = ceil(Y / 2) - 1 + ty at column x + px - 1 + tx, which for both
+//   warpgroups is pixel m + tx of the input row box (low-res columns x0 - 1 .. x0 + 63, 65 pixels): 16 m64n64k16
+//   wgmmas. Bias, ReLU, f16, then into the h row buffer at column X - (X0 - 1) (zero where X is outside the image:
+//   the last conv's padding).
+// - the last conv: h row Y feeds output rows Y + 1, Y and Y - 1 (kernel rows 0, 1, 2) through three m64n16
+//   accumulators (the row-streaming schedule of conv_row_sm90.cu); warpgroup wg owns output columns
+//   X0 + 64 wg .. + 63, whose tap kx reads h buffer pixel m + kx: 36 m64n16k16 wgmmas. Row Y - 1 is then complete
+//   and is written (columns past X0 + 125 or the image are not).
+// The 126-column strips overlap their neighbours by two h columns, so no program needs another's h.
+//
+// Rows are kept without swizzle, channel-chunk major ([8 chunks of 8 channels][pixels][16 bytes]), wgmma's
+// canonical layout, so an operand may start at any pixel (conv_row_sm90.cu says why the TMA's swizzle cannot).
+// Shared memory (dynamic, 1024-byte aligned): the frame's folded weights [16 blocks (py, px, ty, tx)][64 c_out]
+// [64 c_in] (128 KB) and the last conv's [9 taps][16 c_out][64 c_in] (18 KB), 128-byte swizzled, loaded once;
+// IN_STAGES input rows (9 KB each); one h row (17 KB); barriers. 256 threads: two warpgroups; thread 0 issues every
+// TMA.
+
+#define IN_STAGES 4
+#define IN_W 65                        // low-res input columns per program: x0 - 1 .. x0 + 63
+#define IN_CHUNK 1152                  // one 8-channel chunk of an input row: 65 x 16 bytes, rounded up to 128
+#define IN_ROW (8 * IN_CHUNK)
+#define H_CHUNK 2176                   // one 8-channel chunk of the h row: 130 x 16 bytes, rounded up to 128
+#define H_ROW (8 * H_CHUNK)
+#define W1_BYTES (16 * 8192)
+#define W2_BYTES (9 * 2048)
+#define STRIP 126                      // output columns per program
+#define SMEM_BYTES (W1_BYTES + W2_BYTES + IN_STAGES * IN_ROW + H_ROW + 8 * (IN_STAGES + 1))
+
+// wgmma descriptor of a K-major operand without swizzle in a chunk-major row: core matrices of 8 pixels x 16 bytes,
+// the next 8 channels `chunk` bytes on (leading offset), the next 8 pixels 128 bytes on (stride offset).
+__device__ __forceinline__ unsigned long long desc_chunks(u32 addr, u32 chunk) {
+  return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(chunk >> 4) << 16) |
+         ((unsigned long long)(128 >> 4) << 32);
+}
+
+__device__ __forceinline__ void mma64(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void mma16(float (&d)[8], unsigned long long a, unsigned long long b, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// Wait for every wgmma of this warpgroup; the accumulators are tied to the wait so they are read only after it.
+__device__ __forceinline__ void wait_h(float (&h)[32]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(h[i])::"memory");
+}
+__device__ __forceinline__ void wait_o(float (&a)[8], float (&b)[8], float (&c)[8]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(a[i]), "+f"(b[i]), "+f"(c[i])::"memory");
+}
+
+struct Tail {
+  const TmaMap* x_map;
+  unsigned char* out;
+  u32 w1, w2, in, hb, bars;
+  int img, Hh, Wh, X0, x0, r0, r_end, l_first, l_last, relu, C2, P, out_u8, frame_ok;
+  long long fo;
+  int so_c, so_h, so_w;
+};
+
+__device__ __forceinline__ u32 in_row(const Tail& t, int l) { return t.in + ((l - t.l_first) % IN_STAGES) * IN_ROW; }
+
+__device__ __forceinline__ void load_in(const Tail& t, int l) {
+  int k = l - t.l_first;
+  u32 bar = t.bars + 8 * (k % IN_STAGES);
+  mbar_expect_tx(bar, IN_W * 128);
+  for (int c = 0; c < 8; ++c) tma_load_4d(in_row(t, l) + c * IN_CHUNK, t.x_map, bar, 8 * c, t.x0 - 1, l, t.img);
+}
+
+__device__ __forceinline__ void wait_in(const Tail& t, int l) {
+  int k = l - t.l_first;
+  mbar_wait(t.bars + 8 * (k % IN_STAGES), (k / IN_STAGES) & 1);
+}
+
+// h row Y into the h buffer (both warpgroups; the caller syncs after).
+__device__ __forceinline__ void h_row(const Tail& t, const float (&b1)[8][2], int Y) {
+  int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid / 32) % 4;
+  int hi = (Y + 1) >> 1, py = Y & 1;
+  wait_in(t, hi - 1);
+  wait_in(t, hi);
+  float acc[32];
+  mma_fence();
+#pragma unroll
+  for (int ty = 0; ty < 2; ++ty)
+#pragma unroll
+    for (int tx = 0; tx < 2; ++tx)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        mma64(acc, desc_chunks(in_row(t, hi - 1 + ty) + 2 * k * IN_CHUNK + tx * 16, IN_CHUNK),
+              desc(t.w1 + ((py * 2 + wg) * 4 + ty * 2 + tx) * 8192 + k * 32), ty + tx + k > 0);
+  mma_commit();
+  wait_h(acc);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int m = warp * 16 + lane / 4 + 8 * half;  // the warpgroup's low-res column
+    int i = 2 * m + 1 - wg;                   // its h buffer column: h column X0 - 1 + i
+    int X = t.X0 - 1 + i;
+    bool inside = X >= 0 && X < t.Wh;
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8) {
+      float v0 = acc[4 * n8 + 2 * half] + b1[n8][0], v1 = acc[4 * n8 + 2 * half + 1] + b1[n8][1];
+      if (t.relu) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+      }
+      u32 packed = inside ? ((u32)f2h(v0) | ((u32)f2h(v1) << 16)) : 0u;
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(t.hb + n8 * H_CHUNK + i * 16 + (lane % 4) * 4), "r"(packed)
+                   : "memory");
+    }
+  }
+}
+
+// Output row r from acc: bias, f16, clamp, unpatchify, uint8 or f16 into the frame.
+__device__ __forceinline__ void store_out(const Tail& t, const float (&b2)[2][2], const float (&acc)[8], int r) {
+  if (!t.frame_ok) return;
+  int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid / 32) % 4;
+  int pp = t.P * t.P;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int m = 64 * wg + warp * 16 + lane / 4 + 8 * half;
+    int X = t.X0 + m;
+    if (m >= STRIP || X >= t.Wh) continue;
+#pragma unroll
+    for (int n8 = 0; n8 < 2; ++n8)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int ch = 8 * n8 + 2 * (lane % 4) + e;
+        if (ch >= t.C2) continue;
+        float v = h2f(f2h(acc[4 * n8 + 2 * half + e] + b2[n8][e]));  // the last conv's f16 output
+        if (v == v) v = fminf(fmaxf(v, 0.f), 1.f);                    // clamp; NaN stays NaN, as torch.clamp
+        int c = ch / pp, sub = ch % pp;
+        long long off = t.fo + (long long)c * t.so_c + (long long)(r * t.P + sub / t.P) * t.so_h +
+                        (long long)(X * t.P + sub % t.P) * t.so_w;
+        if (t.out_u8) {
+          float s = h2f(f2h(v * 255.f));  // 255 v rounded to f16, as PyTorch stores it, then to even
+          t.out[off] = (unsigned char)rintf(s);
+        } else {
+          ((u16*)t.out)[off] = f2h(v);
+        }
+      }
+  }
+}
+
+template <int K>
+__device__ __forceinline__ void step(const Tail& t, const float (&b1)[8][2], const float (&b2)[2][2], int i,
+                                     float (&acc)[3][8], int& next_load) {
+  // Step i takes h row Y = r0 - 1 + i. Output row r lives in acc[(r - r0 + 1) % 3]: row Y + 1 in acc[(K+1)%3],
+  // row Y in acc[K], row Y - 1 (completed here) in acc[(K+2)%3].
+  float(&next)[8] = acc[(K + 1) % 3];
+  float(&cur)[8] = acc[K];
+  float(&done)[8] = acc[(K + 2) % 3];
+  int Y = t.r0 - 1 + i, wg = threadIdx.x / 128;
+  if (Y >= 0 && Y < t.Hh && Y <= t.r_end) {
+    h_row(t, b1, Y);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the h row's stores, for the wgmmas below
+    __syncthreads();  // and every wgmma of the up conv is done: its input rows may be refilled
+    if (threadIdx.x == 0) {
+      int lo_next = ((Y + 2) >> 1) - 1;  // the lowest input row h row Y + 1 reads
+      for (; next_load <= t.l_last && next_load - IN_STAGES < lo_next; ++next_load) load_in(t, next_load);
+    }
+    bool has_next = Y + 1 < t.r_end, has_cur = Y >= t.r0 && Y < t.r_end, has_done = Y - 1 >= t.r0 && Y - 1 < t.r_end;
+    mma_fence();
+#pragma unroll
+    for (int kx = 0; kx < 3; ++kx)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        unsigned long long a = desc_chunks(t.hb + 2 * k * H_CHUNK + (64 * wg + kx) * 16, H_CHUNK);
+        // Row Y + 1 starts here (scale_d = 0 on its first tap); the other two add to what earlier rows gave.
+        if (has_next) mma16(next, a, desc(t.w2 + (0 * 3 + kx) * 2048 + k * 32), kx + k > 0);
+        if (has_cur) mma16(cur, a, desc(t.w2 + (1 * 3 + kx) * 2048 + k * 32), 1);
+        if (has_done) mma16(done, a, desc(t.w2 + (2 * 3 + kx) * 2048 + k * 32), 1);
+      }
+    mma_commit();
+    wait_o(next, cur, done);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) next[j] = 0.f;  // an h row of padding: row Y + 1 starts from zero
+  }
+  if (Y - 1 >= t.r0 && Y - 1 < t.r_end) store_out(t, b2, done, Y - 1);
+  __syncthreads();  // every wgmma reading the h row is done: the next step may overwrite it
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    tail_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w1_map,
+              const __grid_constant__ TmaMap w2_map, const u16* b1, const u16* b2, unsigned char* out, int H,
+              int W, int S, int C2, int P, int rows, int chunks, int strips, int fps, int skip, int so_n, int so_f,
+              int so_c, int so_h, int so_w, int out_u8, int relu, int pdl) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle pattern repeats every 1024 bytes
+  Tail t;
+  t.x_map = &x_map;
+  t.out = out;
+  t.w1 = base;
+  t.w2 = base + W1_BYTES;
+  t.in = t.w2 + W2_BYTES;
+  t.hb = t.in + IN_STAGES * IN_ROW;
+  t.bars = t.hb + H_ROW;
+  int pid = blockIdx.x, strip = pid % strips, q = pid / strips;
+  int f = q / chunks, s = f % S;
+  t.img = f / S;
+  t.Hh = 2 * H;
+  t.Wh = 2 * W;
+  t.X0 = strip * STRIP;
+  t.x0 = t.X0 / 2;
+  t.r0 = (q % chunks) * rows;
+  t.r_end = min(t.r0 + rows, t.Hh);
+  t.l_first = ((max(t.r0 - 1, 0) + 1) >> 1) - 1;
+  t.l_last = (min(t.r_end, t.Hh - 1) + 1) >> 1;
+  t.relu = relu;
+  t.C2 = C2;
+  t.P = P;
+  t.out_u8 = out_u8;
+  int fi = f % fps - skip;  // this frame's index among its sample's frames written
+  t.frame_ok = fi >= 0;
+  t.fo = (long long)(f / fps) * so_n + (long long)fi * so_f;
+  t.so_c = so_c;
+  t.so_h = so_h;
+  t.so_w = so_w;
+
+  u32 w_bar = t.bars + 8 * IN_STAGES;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i <= IN_STAGES; ++i) mbar_init(t.bars + 8 * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
+    mbar_expect_tx(w_bar, W1_BYTES + W2_BYTES);
+    for (int blk = 0; blk < 16; ++blk) tma_load_2d(t.w1 + blk * 8192, &w1_map, w_bar, 0, (s * 16 + blk) * 64);
+    tma_load_2d(t.w2, &w2_map, w_bar, 0, 0);
+  }
+  // The h row's last two columns are read only for output columns that are not written: zero them once.
+  if (threadIdx.x < 16) {
+    u32 a = t.hb + (threadIdx.x % 8) * H_CHUNK + (128 + threadIdx.x / 8) * 16;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(a), "r"(0) : "memory");
+  }
+  float b1v[8][2], b2v[2][2];
+  int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n8 = 0; n8 < 8; ++n8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) b1v[n8][e] = b1 ? h2f(ldg_u16(b1 + n8 * 8 + 2 * (lane % 4) + e)) : 0.f;
+#pragma unroll
+  for (int n8 = 0; n8 < 2; ++n8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int ch = n8 * 8 + 2 * (lane % 4) + e;
+      b2v[n8][e] = (b2 && ch < C2) ? h2f(ldg_u16(b2 + ch)) : 0.f;
+    }
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  int next_load = t.l_first;
+  if (threadIdx.x == 0)
+    for (; next_load <= t.l_last && next_load < t.l_first + IN_STAGES; ++next_load) load_in(t, next_load);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the zeroed h columns, for the wgmmas
+  __syncthreads();
+  mbar_wait(w_bar, 0);
+  float acc[3][8];
+  int n_groups = (t.r_end - t.r0 + 4) / 3;  // steps for h rows r0 - 1 .. r_end, in whole groups of three
+  for (int g = 0; g < n_groups; ++g) {
+    step<0>(t, b1v, b2v, 3 * g + 0, acc, next_load);
+    step<1>(t, b1v, b2v, 3 * g + 1, acc, next_load);
+    step<2>(t, b1v, b2v, 3 * g + 2, acc, next_load);
+  }
+}

@@ -1,0 +1,70 @@
+"""The fused tail kernel's packed weights (kernels/cuda_tail.py), checked on the CPU: the kernel's indexing, written
+out in PyTorch (phase (py, px) tap (ty, tx) block of the folded weight read at low-res row ceil(Y / 2) - 1 + ty,
+column x + px - 1 + tx; the last conv's tap ky * 3 + kx, K-major, 16 rows), reproduces TGrow + upsample + conv + ReLU
++ the last conv of a float64 reference to f16 weight rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from taesd_fast.kernels import cuda_tail
+
+
+def _reference(x, gw, w, b, w2, b2):
+    n, c, h, wd = x.shape
+    g = gw.shape[0] // c
+    grown = F.conv2d(x, gw).view(n, g, c, h, wd).reshape(n * g, c, h, wd)
+    hid = F.relu(F.conv2d(F.interpolate(grown, scale_factor=2, mode="nearest"), w, b, padding=1))
+    return F.conv2d(hid, w2, b2, padding=1)
+
+
+def _emulated(x, w1p, b, w2p, b2, g, c2):
+    """The kernel's arithmetic in float64 from the packed f16 weights."""
+    n, c, h, wd = x.shape
+    blocks = w1p.double().view(g, 16, c, c)  # [group, block, c_out, c_in]
+    xp = F.pad(x, (1, 1, 1, 1))  # low-res zero padding: index + 1
+    hid = torch.zeros(n * g, c, 2 * h, 2 * wd, dtype=torch.float64)
+    for f in range(n * g):
+        for py in range(2):
+            for px in range(2):
+                acc = torch.zeros(c, h, wd, dtype=torch.float64)
+                for ty in range(2):
+                    for tx in range(2):
+                        blk = blocks[f % g, (py * 2 + px) * 4 + ty * 2 + tx]
+                        # output (2y + py, 2x + px) reads low-res (y + py - 1 + ty, x + px - 1 + tx)
+                        patch = xp[f // g, :, py + ty:py + ty + h, px + tx:px + tx + wd]
+                        acc += torch.einsum("oi,ihw->ohw", blk, patch)
+                hid[f, :, py::2, px::2] = acc
+    hid = F.relu(hid + b.view(1, -1, 1, 1))
+    taps = w2p.double().view(3, 3, 16, c)[:, :, :c2]  # [ky, kx, c_out, c_in]
+    return F.conv2d(hid, taps.permute(2, 3, 0, 1), b2, padding=1)
+
+
+@pytest.mark.parametrize("groups,patch", [(2, 1), (1, 2), (2, 2)])
+def test_packed_weights_follow_the_kernels_indexing(groups, patch):
+    gen = torch.Generator().manual_seed(groups * 10 + patch)
+    c, c2 = 64, 3 * patch * patch
+    x = torch.randn(2, c, 5, 7, generator=gen, dtype=torch.float64)
+    gw = torch.randn(groups * c, c, 1, 1, generator=gen, dtype=torch.float64) / c**0.5
+    w = torch.randn(c, c, 3, 3, generator=gen, dtype=torch.float64) / (3 * c**0.5)
+    b = torch.randn(c, generator=gen, dtype=torch.float64) * 0.3
+    w2 = torch.randn(c2, c, 3, 3, generator=gen, dtype=torch.float64) / (3 * c**0.5)
+    b2 = torch.randn(c2, generator=gen, dtype=torch.float64) * 0.3
+    w1p = cuda_tail.folded_weight(w.float(), gw.float())
+    w2p = cuda_tail.last_weight(w2.float())
+    assert w1p.shape == (groups * 16 * c, c) and w1p.dtype == torch.float16
+    assert w2p.shape == (9 * 16, c) and not w2p.view(9, 16, c)[:, c2:].any()  # padded rows are zero
+    ref = _reference(x, gw, w, b, w2, b2)
+    got = _emulated(x, w1p, b, w2p, b2, groups, c2)
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < 2e-3, f"rel err {err:.3g}: the packed weights do not follow the kernel's indexing"
+    # And a wrong block order is caught: swapping the column phases breaks it.
+    swapped = w1p.view(groups, 2, 2, 4, c, c).flip(2).reshape_as(w1p)
+    assert ((_emulated(x, swapped, b, w2p, b2, groups, c2) - ref).norm() / ref.norm()).item() > 0.1
+
+
+def test_the_kernel_refuses_what_it_does_not_cover():
+    x = torch.zeros(1, 64, 4, 4)
+    assert "sm_90" in cuda_tail.unsupported_reason(x, torch.zeros(64, 64, 3, 3), torch.zeros(3, 64, 3, 3), 1)
