@@ -28,34 +28,17 @@
 #define R_STAGE_BYTES (128 * 128)
 #define SMEM_BYTES (W_BYTES + STAGES * (X_STAGE_BYTES + R_STAGE_BYTES) + 128 * 128 + 64)
 
-// ... of a K-major operand without swizzle in the chunk-major row (the activations): 8 x 16-byte core matrices;
-// the leading-dimension offset steps along K (the next 8 channels, X_CHUNK_BYTES on), the stride offset along M
-// (the next 8 pixels, 128 bytes on). Any 16-byte-aligned start is valid.
-__device__ __forceinline__ unsigned long long desc_rows(u32 addr) {
-  return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(X_CHUNK_BYTES >> 4) << 16) |
-         ((unsigned long long)(128 >> 4) << 32);
-}
-
-// acc (+)= A[64 px, 16 c] x B[16 c, 64 c_out]; scale_d = 0 overwrites acc.
-__device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(scale_d));
-}
 template <int N>
 __device__ __forceinline__ void mma_wait(float (&a)[32], float (&b)[32], float (&c)[32]) {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
   // Tie the accumulators to the wait so the compiler reads them only after it.
 #pragma unroll
   for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(a[i]), "+f"(b[i]), "+f"(c[i])::"memory");
+}
+
+// The A operand of K step k, tap dx: 64 pixels of the row from pixel dx on (desc_chunks), channels 16k .. 16k + 15.
+__device__ __forceinline__ unsigned long long x_desc(u32 x_box, int k, int dx) {
+  return desc_chunks(x_box + 2 * k * X_CHUNK_BYTES + dx * 16, X_CHUNK_BYTES);
 }
 
 // One input row's nine taps into the accumulators they feed: tap (dy, dx) of row j goes to output row j + 1 - dy.
@@ -68,7 +51,7 @@ __device__ __forceinline__ void row_mmas(float (&done)[32], float (&cur)[32], fl
     for (int dx = 0; dx < 3; ++dx)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        mma(done, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + (6 + dx) * 8192 + k * 32), 1);
+        mma_m64n64(done, x_desc(x_box, k, dx), desc(w_base + (6 + dx) * 8192 + k * 32), 1);
   }
   mma_commit();
   if (has_cur && has_next) {
@@ -76,20 +59,20 @@ __device__ __forceinline__ void row_mmas(float (&done)[32], float (&cur)[32], fl
     for (int dx = 0; dx < 3; ++dx)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        mma(cur, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + (3 + dx) * 8192 + k * 32), 1);
-        mma(next, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + dx * 8192 + k * 32), dx + k > 0);
+        mma_m64n64(cur, x_desc(x_box, k, dx), desc(w_base + (3 + dx) * 8192 + k * 32), 1);
+        mma_m64n64(next, x_desc(x_box, k, dx), desc(w_base + dx * 8192 + k * 32), dx + k > 0);
       }
   } else if (has_cur) {
 #pragma unroll
     for (int dx = 0; dx < 3; ++dx)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) mma(cur, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + (3 + dx) * 8192 + k * 32), 1);
+      for (int k = 0; k < 4; ++k) mma_m64n64(cur, x_desc(x_box, k, dx), desc(w_base + (3 + dx) * 8192 + k * 32), 1);
   } else if (has_next) {
 #pragma unroll
     for (int dx = 0; dx < 3; ++dx)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        mma(next, desc_rows(x_box + 2 * k * X_CHUNK_BYTES + dx * 16), desc(w_base + dx * 8192 + k * 32), dx + k > 0);
+        mma_m64n64(next, x_desc(x_box, k, dx), desc(w_base + dx * 8192 + k * 32), dx + k > 0);
   }
   mma_commit();
 }

@@ -51,3 +51,27 @@ __device__ __forceinline__ unsigned long long desc(u32 addr) {
 }
 __device__ __forceinline__ void mma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void mma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+// wgmma descriptor of a K-major operand without swizzle in a channel-chunk-major row ([chunks of 8 channels][pixels]
+// [16 bytes], wgmma's canonical layout): core matrices of 8 pixels x 16 bytes, the next 8 channels `chunk` bytes on
+// (leading offset), the next 8 pixels 128 bytes on (stride offset). Any 16-byte-aligned start is valid, so an
+// operand may start at any pixel of the row.
+__device__ __forceinline__ unsigned long long desc_chunks(u32 addr, u32 chunk) {
+  return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(chunk >> 4) << 16) |
+         ((unsigned long long)(128 >> 4) << 32);
+}
+
+// acc (+)= A[64 px, 16 c] x B[16 c, 64 c_out]; scale_d = 0 overwrites acc.
+__device__ __forceinline__ void mma_m64n64(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scale_d));
+}

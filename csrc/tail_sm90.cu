@@ -37,27 +37,6 @@
 #define STRIP 126                      // output columns per program
 #define SMEM_BYTES (W1_BYTES + W2_BYTES + IN_STAGES * IN_ROW + H_ROW + 8 * (IN_STAGES + 1))
 
-// wgmma descriptor of a K-major operand without swizzle in a chunk-major row: core matrices of 8 pixels x 16 bytes,
-// the next 8 channels `chunk` bytes on (leading offset), the next 8 pixels 128 bytes on (stride offset).
-__device__ __forceinline__ unsigned long long desc_chunks(u32 addr, u32 chunk) {
-  return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(chunk >> 4) << 16) |
-         ((unsigned long long)(128 >> 4) << 32);
-}
-
-__device__ __forceinline__ void mma64(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(scale_d));
-}
-
 __device__ __forceinline__ void mma16(float (&d)[8], unsigned long long a, unsigned long long b, int scale_d) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
@@ -115,7 +94,7 @@ __device__ __forceinline__ void h_row(const Tail& t, const float (&b1)[8][2], in
     for (int tx = 0; tx < 2; ++tx)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        mma64(acc, desc_chunks(in_row(t, hi - 1 + ty) + 2 * k * IN_CHUNK + tx * 16, IN_CHUNK),
+        mma_m64n64(acc, desc_chunks(in_row(t, hi - 1 + ty) + 2 * k * IN_CHUNK + tx * 16, IN_CHUNK),
               desc(t.w1 + ((py * 2 + wg) * 4 + ty * 2 + tx) * 8192 + k * 32), ty + tx + k > 0);
   mma_commit();
   wait_h(acc);
@@ -170,6 +149,17 @@ __device__ __forceinline__ void store_out(const Tail& t, const float (&b2)[2][2]
   }
 }
 
+// Kernel row ky of the last conv from the h row into acc (output row Y + 1 - ky): 3 taps x 4 K steps. `add` = 0
+// overwrites acc on the first.
+__device__ __forceinline__ void last_conv_mmas(float (&acc)[8], const Tail& t, int wg, int ky, int add) {
+#pragma unroll
+  for (int kx = 0; kx < 3; ++kx)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      mma16(acc, desc_chunks(t.hb + 2 * k * H_CHUNK + (64 * wg + kx) * 16, H_CHUNK),
+            desc(t.w2 + (ky * 3 + kx) * 2048 + k * 32), add || kx + k > 0);
+}
+
 template <int K>
 __device__ __forceinline__ void step(const Tail& t, const float (&b1)[8][2], const float (&b2)[2][2], int i,
                                      float (&acc)[3][8], int& next_load) {
@@ -189,21 +179,15 @@ __device__ __forceinline__ void step(const Tail& t, const float (&b1)[8][2], con
     }
     bool has_next = Y + 1 < t.r_end, has_cur = Y >= t.r0 && Y < t.r_end, has_done = Y - 1 >= t.r0 && Y - 1 < t.r_end;
     mma_fence();
-#pragma unroll
-    for (int kx = 0; kx < 3; ++kx)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        unsigned long long a = desc_chunks(t.hb + 2 * k * H_CHUNK + (64 * wg + kx) * 16, H_CHUNK);
-        // Row Y + 1 starts here (scale_d = 0 on its first tap); the other two add to what earlier rows gave.
-        if (has_next) mma16(next, a, desc(t.w2 + (0 * 3 + kx) * 2048 + k * 32), kx + k > 0);
-        if (has_cur) mma16(cur, a, desc(t.w2 + (1 * 3 + kx) * 2048 + k * 32), 1);
-        if (has_done) mma16(done, a, desc(t.w2 + (2 * 3 + kx) * 2048 + k * 32), 1);
-      }
+    // One straight run of 12 wgmmas per accumulator (branches inside a run would make ptxas serialize them).
+    // Output row r takes h rows r - 1, r, r + 1 in that order; its first valid one overwrites the accumulator
+    // (scale_d = 0): h row r - 1 (as next), or h row r (as cur) where row r - 1 is the top padding. Zeroing an
+    // accumulator instead would make ptxas serialize the wgmmas.
+    if (has_done) last_conv_mmas(done, t, wg, 2, 1);
+    if (has_cur) last_conv_mmas(cur, t, wg, 1, Y >= 1);
+    if (has_next) last_conv_mmas(next, t, wg, 0, 0);
     mma_commit();
     wait_o(next, cur, done);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) next[j] = 0.f;  // an h row of padding: row Y + 1 starts from zero
   }
   if (Y - 1 >= t.r0 && Y - 1 < t.r_end) store_out(t, b2, done, Y - 1);
   __syncthreads();  // every wgmma reading the h row is done: the next step may overwrite it
