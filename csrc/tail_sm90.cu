@@ -37,6 +37,7 @@
 #define STRIP 126                      // output columns per program
 #define SMEM_BYTES (W1_BYTES + W2_BYTES + IN_STAGES * IN_ROW + H_ROW + 8 * (IN_STAGES + 1))
 
+// acc (+)= A[64 px, 16 c] x B[16 c, 16 c_out] (the last conv, its C2 outputs padded to 16); scale_d = 0 overwrites.
 __device__ __forceinline__ void mma16(float (&d)[8], unsigned long long a, unsigned long long b, int scale_d) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"

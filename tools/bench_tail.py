@@ -63,7 +63,8 @@ def kernels():
         def fused():
             cuda_tail.launch(x, gw, w, None, w2, b2, into2, p, pdl=True)
 
-        today(), fused()
+        today()
+        fused()
         torch.cuda.synchronize()
         diff = (into.int() - into2.int()).abs().max().item()
         t_today, t_fused = graph_us(today), graph_us(fused)
@@ -108,15 +109,18 @@ def model(variant, size):
                 ev[0].record()
                 for _ in range(60):
                     step()
-                ev[1].record(); ev[1].synchronize()
+                ev[1].record()
+                ev[1].synchronize()
                 res[fused][0].append(ev[0].elapsed_time(ev[1]) / 60)
                 ev[0].record()
                 for _ in range(5):
                     m.decode_video(zv, uint8=True)
-                ev[1].record(); ev[1].synchronize()
+                ev[1].record()
+                ev[1].synchronize()
                 res[fused][1].append(ev[0].elapsed_time(ev[1]) / 5)
         for fused, (ts, tv) in res.items():
-            print(f"{variant} fused_tail={fused}: step {statistics.median(ts):.4f} ms ({' '.join('%.4f' % t for t in ts)}), "
+            rounds = " ".join(f"{t:.4f}" for t in ts)
+            print(f"{variant} fused_tail={fused}: step {statistics.median(ts):.4f} ms ({rounds}), "
                   f"16-latent decode_video {statistics.median(tv):.3f} ms")
 
 

@@ -85,12 +85,14 @@ def launch(x: Tensor, grow_w: Tensor, conv_w: Tensor, conv_b: Tensor | None, las
     N, _, H, W = x.shape
     G = grow_w.shape[0] // C
     B = into.shape[0]
-    if reason is None and (N * G % B or tuple(into.shape[1:]) != (N * G // B - skip, 3, 2 * H * patch, 2 * W * patch)
+    frames = (N * G // B - skip, 3, 2 * H * patch, 2 * W * patch)
+    if reason is None and (N * G % B or tuple(into.shape[1:]) != frames
                            or into.dtype not in (torch.uint8, torch.float16)):
-        reason = f"output {tuple(into.shape)} {into.dtype} does not hold {N * G} frames of {2 * H}x{2 * W} in {B} samples"
+        reason = (f"output {tuple(into.shape)} {into.dtype} does not hold {N * G} frames of {2 * H}x{2 * W} in {B} "
+                  f"samples (expected [{B}, {', '.join(map(str, frames))}], uint8 or float16)")
     if reason is not None:
         raise ValueError(f"{NAME}: {reason}")
-    if x.stride() != (H * W * C, 1, W * C, C) or x.data_ptr() % 16:
+    if not x.is_contiguous(memory_format=torch.channels_last) or x.data_ptr() % 16:
         raise ValueError(f"{NAME}: x must be dense channels_last and 16-byte aligned")
     Hh, Wh = 2 * H, 2 * W
     built: list = []  # weights packed in this call: then no PDL (the kernel reads them before its wait)
