@@ -65,6 +65,24 @@ def test_packed_weights_follow_the_kernels_indexing(groups, patch):
     assert ((_emulated(x, swapped, b, w2p, b2, groups, c2) - ref).norm() / ref.norm()).item() > 0.1
 
 
+def test_projected_weight_follows_the_kernels_tap_sums():
+    """The projection form: P = h x the [32, 64] weight, and output (r, x, c) = bias + the sum over (ky, kx) of
+    P[r + ky - 1][x + kx - 1][ky * 9 + kx * 3 + c], reproduces the last conv."""
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 64, 6, 9, generator=gen, dtype=torch.float64)
+    w2 = torch.randn(3, 64, 3, 3, generator=gen, dtype=torch.float64) / 24
+    b2 = torch.randn(3, generator=gen, dtype=torch.float64)
+    wp = cuda_tail.projected_weight(w2.float())
+    assert wp.shape == (32, 64) and not wp[27:].any()
+    p = torch.einsum("nihw,ki->nkhw", F.pad(h, (1, 1, 1, 1)), wp.double())  # [n, 32, h + 2, w + 2]
+    out = b2.view(1, 3, 1, 1).expand(2, 3, 6, 9).clone()
+    for ky in range(3):
+        for kx in range(3):
+            out += p[:, ky * 9 + kx * 3:ky * 9 + kx * 3 + 3, ky:ky + 6, kx:kx + 9]
+    ref = F.conv2d(h, w2, b2, padding=1)
+    assert ((out - ref).norm() / ref.norm()).item() < 2e-3
+
+
 def test_the_kernel_refuses_what_it_does_not_cover():
     x = torch.zeros(1, 64, 4, 4)
     assert "sm_90" in cuda_tail.unsupported_reason(x, torch.zeros(64, 64, 3, 3), torch.zeros(3, 64, 3, 3), 1)

@@ -6,7 +6,7 @@ gluon_conv_rows' 64 -> 3 p^2 conv, then triton_frames), and TAEHV.fused_tail off
     python3 tools/bench_tail.py model taew2_1 320x512        # the uint8 step and a 16-latent decode_video
 
 `kernels` runs taew2_1's and taew2_2's step shapes and a decode chunk, with the uint8 frames of both paths
-compared. `model` tunes (blocking) with a random decoder in the published layout, then alternates the two settings
+compared (both forms of the fused tail's last conv where both apply). `model` tunes (blocking) with a random decoder in the published layout, then alternates the two settings
 in one process: 5 rounds of 60 steps and 5 decode_video calls each, medians.
 """
 
@@ -60,17 +60,22 @@ def kernels():
             y = gluon_conv_rows.launch_conv(h, w2, b2, None, 1, False)
             write_frames(y, into, p)
 
-        def fused():
-            cuda_tail.launch(x, gw, w, None, w2, b2, into2, p, pdl=True)
-
         today()
-        fused()
         torch.cuda.synchronize()
-        diff = (into.int() - into2.int()).abs().max().item()
-        t_today, t_fused = graph_us(today), graph_us(fused)
+        t_today = graph_us(today)
         t_up = graph_us(lambda: triton_conv_tma.grow_launch(x, gw, w, None, 2, True, 2))
-        print(f"{name}: today {t_today:.1f} us (up conv alone {t_up:.1f}), fused {t_fused:.1f} us, "
-              f"{t_today / t_fused:.2f}x; uint8 max diff {diff}")
+        line = f"{name}: today {t_today:.1f} us (up conv alone {t_up:.1f})"
+        for project in ((True, False) if p == 1 else (False,)):
+            def fused(project=project):
+                cuda_tail.launch(x, gw, w, None, w2, b2, into2, p, pdl=True, project=project)
+
+            fused()
+            torch.cuda.synchronize()
+            diff = (into.int() - into2.int()).abs().max().item()
+            t_fused = graph_us(fused)
+            line += (f"; fused, {'projection' if project else 'direct'} form {t_fused:.1f} us "
+                     f"({t_today / t_fused:.2f}x, uint8 max diff {diff})")
+        print(line)
 
 
 def model(variant, size):

@@ -4,6 +4,9 @@ the unpatchify and the uint8 (or f16) frames, from the last stage's memory-block
 64-channel activation h (84 MB for taew2_1's step at 320x512) stays in shared memory: today's path writes it from
 the upsample conv and reads it back in the last conv, then passes the last conv's output through triton_frames.
 
+The last conv comes in two forms (csrc/tail_sm90.cu's head says how): direct, 64 -> 16 wgmmas over its 9 taps, and
+for 3 output channels (p = 1) the projection form, the h row times a [27, 64] weight, then tap sums.
+
 Covers a 64-channel input, C2 = 3 p^2 <= 16 output channels (p = 1 or 2), one or more output frames per input frame
 (TGrow's groups, each with its own composed weight), sm_90 with NVRTC. x must be channels_last f16 and 16-byte
 aligned (TMA). The kernel's own docstring (the .cu file's head) gives the schedule.
@@ -24,7 +27,10 @@ NAME = "cuda_tail"
 SOURCE, KERNEL = "tail_sm90.cu", "tail_sm90"
 C = 64  # channels of x and h
 STRIP = 126  # output columns per program (the kernel's STRIP)
-SMEM = 16 * 8192 + 9 * 2048 + 4 * 9216 + 8 * 2176 + 40 + 1024  # the kernel's SMEM_BYTES plus alignment slack
+# The kernel's SMEM_BYTES plus alignment slack: the direct form, and the projection form (PROJECT: the 27 taps x
+# channels weight instead of the 9 taps', and P, 128 pixels x 33 floats).
+SMEM = 16 * 8192 + 9 * 2048 + 4 * 9216 + 8 * 2176 + 40 + 1024
+SMEM_PROJECT = 16 * 8192 + 32 * 128 + 4 * 9216 + 8 * 2176 + 128 * 33 * 4 + 40 + 1024
 
 
 def unsupported_reason(x: Tensor, conv_w: Tensor, last_w: Tensor, patch: int) -> str | None:
@@ -67,6 +73,19 @@ def last_weight(last_w: Tensor, built: list | None = None) -> Tensor:
     return derived.get(last_w, ("cuda_tail", "last"), build)
 
 
+def projected_weight(last_w: Tensor, built: list | None = None) -> Tensor:
+    """f16 [32, 64] for the projection form (3 output channels): row ky * 9 + kx * 3 + c is the last conv's
+    weight [c, :, ky, kx] (K-major), rows 27-31 zero. The kernel multiplies each h row by it (P) and sums, for output
+    pixel (r, x) and channel c, P[r + ky - 1][x + kx - 1][ky * 9 + kx * 3 + c] over the 9 taps."""
+    def build() -> Tensor:
+        if built is not None:
+            built.append("projected")
+        w = last_w.detach().float().permute(2, 3, 0, 1).reshape(27, C)  # [(ky, kx, c), c_in]
+        return torch.nn.functional.pad(w, (0, 0, 0, 5)).to(torch.float16).contiguous()
+
+    return derived.get(last_w, ("cuda_tail", "projected"), build)
+
+
 def run_rows(frames: int, Hh: int, Wh: int, sms: int) -> int:
     """Output rows per program: about one wave of programs (frames x strips x row runs)."""
     strips = -(-Wh // STRIP)
@@ -76,11 +95,12 @@ def run_rows(frames: int, Hh: int, Wh: int, sms: int) -> int:
 
 def launch(x: Tensor, grow_w: Tensor, conv_w: Tensor, conv_b: Tensor | None, last_w: Tensor,
            last_b: Tensor | None, into: Tensor, patch: int, skip: int = 0, relu: bool = True,
-           rows: int | None = None, pdl: bool = False) -> Tensor:
+           rows: int | None = None, pdl: bool = False, project: bool | None = None) -> Tensor:
     """Frames of the tail on x [N, 64, H, W] (channels_last f16, 16-byte aligned) into `into` [B, k, 3, 2H p,
     2W p] (uint8 or f16, any strides): output frame f = n * G + g (G = grow_w.shape[0] // 64) is frame
     f % (N G / B) - skip of sample f // (N G / B); frames before `skip` are not written. rows: output rows per
-    program (None: about one wave). Returns `into`."""
+    program (None: about one wave). project: the last conv in the projection form (None: where it applies, 3
+    output channels, patch 1; the direct form's 64 -> 16 wgmmas would be 81% padding there). Returns `into`."""
     reason = unsupported_reason(x, conv_w, last_w, patch)
     N, _, H, W = x.shape
     G = grow_w.shape[0] // C
@@ -95,18 +115,22 @@ def launch(x: Tensor, grow_w: Tensor, conv_w: Tensor, conv_b: Tensor | None, las
     if not x.is_contiguous(memory_format=torch.channels_last) or x.data_ptr() % 16:
         raise ValueError(f"{NAME}: x must be dense channels_last and 16-byte aligned")
     Hh, Wh = 2 * H, 2 * W
+    if project is None:
+        project = patch == 1
+    elif project and patch != 1:
+        raise ValueError(f"{NAME}: the projection form takes 3 output channels (patch 1), got patch {patch}")
     built: list = []  # weights packed in this call: then no PDL (the kernel reads them before its wait)
     w1 = folded_weight(conv_w, grow_w, built)
-    w2 = last_weight(last_w, built)
+    w2 = projected_weight(last_w, built) if project else last_weight(last_w, built)
     rows = rows or run_rows(N * G, Hh, Wh, sm_count(x.device))
     strips, runs = -(-Wh // STRIP), -(-Hh // rows)
     x_map = nhwc_map(x, [8, 65, 1, 1], swizzle=False)
     w1_map = tensor_map(w1, [C, w1.shape[0]], [C], [C, C])
-    w2_map = tensor_map(w2, [C, 9 * 16], [C], [C, 9 * 16])
-    kernel = _backend.get_kernel(SOURCE, KERNEL, device=x.device)
+    w2_map = tensor_map(w2, [C, w2.shape[0]], [C], [C, w2.shape[0]])
+    kernel = _backend.get_kernel(SOURCE, KERNEL, {"PROJECT": int(project)}, device=x.device)
     pdl = bool(pdl and not built)
     kernel((N * G * runs * strips,), (256,),
            [x_map, w1_map, w2_map, conv_b, last_b, into, H, W, G, 3 * patch * patch, patch, rows, runs, strips,
             N * G // B, skip, *into.stride(), int(into.dtype == torch.uint8), int(relu), int(pdl)],
-           smem=SMEM, pdl=pdl)
+           smem=SMEM_PROJECT if project else SMEM, pdl=pdl)
     return into

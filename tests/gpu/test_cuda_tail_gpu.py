@@ -1,6 +1,7 @@
 """The fused decoder tail (kernels/cuda_tail.py, csrc/tail_sm90.cu) against a float64 TGrow + upsample + conv +
 ReLU + last conv + pixel shuffle + clamp, on fresh random inputs, each output written twice into differently
-poisoned buffers (0 and 255 for uint8, NaN and -7 for f16): both must agree, so no element is left unwritten.
+poisoned buffers (0 and 255 for uint8, NaN and -7 for f16): both must agree, so no element is left unwritten. With
+3 output channels, both forms of the last conv (the projection form, the default there, and the direct one).
 
 f16 frames: the worst element and the relative error within 2x those of PyTorch's own f16 run of the same ops
 (what the model runs without the kernel). uint8 frames: every pixel within 1 of round(255 * the float64 frame),
@@ -70,28 +71,36 @@ def test_tail_matches_float64_within_torch_f16(shape, uint8):
         return t.view(batch, k, *t.shape[1:])[:, skip:]
 
     ref, low = frames(ref), frames(low)
-    outs = []
-    for poison in ((0, 255) if uint8 else (float("nan"), -7.0)):
-        into = torch.full(ref.shape, poison, device="cuda", dtype=torch.uint8 if uint8 else torch.float16)
-        cuda_tail.launch(x, gw, w, b, w2, b2, into, patch, skip=skip, rows=rows)
-        outs.append(into)
-    torch.cuda.synchronize()
+    for project in ((True, False) if patch == 1 else (False,)):  # both forms of the last conv where both apply
+        form = "projection form: " if project else "direct form: "
+        outs = []
+        for poison in ((0, 255) if uint8 else (float("nan"), -7.0)):
+            into = torch.full(ref.shape, poison, device="cuda", dtype=torch.uint8 if uint8 else torch.float16)
+            cuda_tail.launch(x, gw, w, b, w2, b2, into, patch, skip=skip, rows=rows, project=project)
+            outs.append(into)
+        torch.cuda.synchronize()
+        _check(outs, ref, low, uint8, form)
+
+
+def _check(outs, ref, low, uint8, form):
     unwritten = (outs[0] != outs[1]) if uint8 else ~((outs[0] == outs[1]) | (outs[0].isnan() & outs[1].isnan()))
-    assert not unwritten.any(), f"elements left unwritten: {_where(unwritten)}"
+    assert not unwritten.any(), f"{form}elements left unwritten: {_where(unwritten)}"
     out = outs[0]
     if not uint8:
-        assert not out.isnan().any(), f"NaN: {_where(out.isnan())}"
+        assert not out.isnan().any(), f"{form}NaN: {_where(out.isnan())}"
         err, torch_err = rel_err(out, ref), rel_err(low, ref)
         far = (out.double() - ref).abs() > 4 * (low.double() - ref).abs().max() + 1e-3
-        assert err <= 2 * torch_err + 1e-7, f"rel err {err:.3g} > 2 x PyTorch f16's {torch_err:.3g}; {_where(far)}"
-        assert_worst_element_within(out, low, ref)
+        assert err <= 2 * torch_err + 1e-7, \
+            f"{form}rel err {err:.3g} > 2 x PyTorch f16's {torch_err:.3g}; {_where(far)}"
+        assert_worst_element_within(out, low, ref, form)
     else:
         want = (ref * 255).round()
         diff = (out.double() - want).abs()
-        assert diff.max().item() <= 1, f"a pixel is {diff.max().item():.0f} off round(255 v): {_where(diff > 1)}"
+        assert diff.max().item() <= 1, \
+            f"{form}a pixel is {diff.max().item():.0f} off round(255 v): {_where(diff > 1)}"
         off = (diff > 0).double().mean().item()
         torch_off = ((low.double() * 255).round() != want).double().mean().item()
-        assert off <= 2 * torch_off + 1e-3, f"{off:.2%} of pixels off by one, PyTorch f16 {torch_off:.2%}"
+        assert off <= 2 * torch_off + 1e-3, f"{form}{off:.2%} of pixels off by one, PyTorch f16 {torch_off:.2%}"
 
 
 def test_tail_refuses_a_wrong_output_shape():
