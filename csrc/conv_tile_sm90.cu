@@ -41,17 +41,6 @@ __device__ __forceinline__ void mma(float (&d)[64], unsigned long long a, unsign
       : "l"(a), "l"(b), "r"(scale_d));
 }
 
-__device__ __forceinline__ void mma_wait1(float (&a)[64]) {
-  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(a[i])::"memory");
-}
-__device__ __forceinline__ void mma_wait0(float (&a)[64]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(a[i])::"memory");
-}
-
 struct Tile {
   const TmaMap *x_map, *w_map;
   u32 base, full, empty;
@@ -153,13 +142,13 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
 #pragma unroll
     for (int k = 0; k < 4; ++k) mma(acc, desc(a + 32 * k), desc(b + 32 * k), s + k > 0);
     mma_commit();
-    mma_wait1(acc);  // step s - 1's MMAs are done (this warp's)
+    mma_wait_tied<1>(acc);  // step s - 1's MMAs are done (this warp's)
     if (s >= 1 && s - 1 + STAGES < steps) {
       asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");  // ... and every consumer warp's
       if (tid == 0) mbar_arrive(t.empty + 8 * ((s - 1) % STAGES), 1);
     }
   }
-  mma_wait0(acc);
+  mma_wait_tied<0>(acc);
 
   // Epilogue: accumulator element (row m, column c) -> the 128-byte swizzled box of columns 64j.., row m. Every
   // residual pair is read before the first store, so the reads overlap rather than wait one by one.

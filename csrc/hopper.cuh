@@ -75,3 +75,12 @@ __device__ __forceinline__ void mma_m64n64(float (&d)[32], unsigned long long a,
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(scale_d));
 }
+
+// Wait until at most GROUPS committed wgmma groups of this warpgroup are pending; the accumulator is tied to the
+// wait, so the compiler reads it only after.
+template <int GROUPS, int R>
+__device__ __forceinline__ void mma_wait_tied(float (&a)[R]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(GROUPS) : "memory");
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}

@@ -73,17 +73,7 @@ __device__ __forceinline__ void mma32(float (&d)[16], unsigned long long a, unsi
       : "l"(a), "l"(b), "r"(scale_d));
 }
 
-// Wait for every wgmma of this warpgroup; the accumulators are tied to the wait so they are read only after it.
-__device__ __forceinline__ void wait_h(float (&h)[32]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(h[i])::"memory");
-}
-__device__ __forceinline__ void wait_p(float (&p)[16]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(p[i])::"memory");
-}
+// Wait for every wgmma of this warpgroup (mma_wait_tied for three accumulators at once).
 __device__ __forceinline__ void wait_o(float (&a)[8], float (&b)[8], float (&c)[8]) {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
@@ -130,7 +120,7 @@ __device__ __forceinline__ void h_row(const Tail& t, const float (&b1)[8][2], in
         mma_m64n64(acc, desc_chunks(in_row(t, hi - 1 + ty) + 2 * k * IN_CHUNK + tx * 16, IN_CHUNK),
               desc(t.w1 + ((py * 2 + wg) * 4 + ty * 2 + tx) * 8192 + k * 32), ty + tx + k > 0);
   mma_commit();
-  wait_h(acc);
+  mma_wait_tied<0>(acc);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int m = warp * 16 + lane / 4 + 8 * half;  // the warpgroup's low-res column
@@ -251,7 +241,7 @@ __device__ __forceinline__ void step_p(const Tail& t, const float (&b1)[8][2], c
     for (int k = 0; k < 4; ++k)
       mma32(p, desc_chunks(t.hb + 2 * k * H_CHUNK + 64 * wg * 16, H_CHUNK), desc(t.w2 + k * 32), k > 0);
     mma_commit();
-    wait_p(p);
+    mma_wait_tied<0>(p);
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
