@@ -86,3 +86,17 @@ def test_projected_weight_follows_the_kernels_tap_sums():
 def test_the_kernel_refuses_what_it_does_not_cover():
     x = torch.zeros(1, 64, 4, 4)
     assert "sm_90" in cuda_tail.unsupported_reason(x, torch.zeros(64, 64, 3, 3), torch.zeros(3, 64, 3, 3), 1)
+    assert "sm_90" in cuda_tail.weights_reason(torch.zeros(64, 64, 3, 3), torch.zeros(3, 64, 3, 3), 1)
+
+
+def test_a_cpu_model_with_fused_tail_runs_pytorch():
+    """fused_tail on a model the kernel cannot take (here: the CPU) changes nothing: the same frames."""
+    from taesd_fast import TAEHV
+
+    model = TAEHV("taew2_1").eval()
+    z = torch.randn(1, 2, 16, 3, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model.decode_video(z)
+        model.fused_tail = True
+        assert model._tail_start(z[:, 0]) is None
+        assert torch.equal(model.decode_video(z), plain)

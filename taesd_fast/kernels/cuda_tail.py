@@ -33,17 +33,22 @@ SMEM = 16 * 8192 + 9 * 2048 + 4 * 9216 + 8 * 2176 + 40 + 1024
 SMEM_PROJECT = 16 * 8192 + 32 * 128 + 4 * 9216 + 8 * 2176 + 128 * 33 * 4 + 40 + 1024
 
 
-def unsupported_reason(x: Tensor, conv_w: Tensor, last_w: Tensor, patch: int) -> str | None:
-    """Why the kernel cannot run this tail (None: it can)."""
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device) < (9, 0):
+def weights_reason(conv_w: Tensor, last_w: Tensor, patch: int) -> str | None:
+    """Why the kernel cannot run a tail with these weights (on their device, in their dtype), or None."""
+    if not conv_w.is_cuda or torch.cuda.get_device_capability(conv_w.device) < (9, 0):
         return "needs an sm_90 GPU"
-    if x.dtype != torch.float16 or x.dim() != 4 or x.shape[1] != C:
-        return f"x {tuple(x.shape)} {x.dtype} (takes float16 [N, {C}, H, W])"
-    if tuple(conv_w.shape) != (C, C, 3, 3):
-        return f"upsample conv weight {tuple(conv_w.shape)} (takes [{C}, {C}, 3, 3])"
+    if conv_w.dtype != torch.float16 or tuple(conv_w.shape) != (C, C, 3, 3):
+        return f"upsample conv weight {tuple(conv_w.shape)} {conv_w.dtype} (takes float16 [{C}, {C}, 3, 3])"
     if patch not in (1, 2) or tuple(last_w.shape) != (3 * patch * patch, C, 3, 3):
         return f"last conv weight {tuple(last_w.shape)} with patch {patch} (takes [3 p^2, {C}, 3, 3], p = 1 or 2)"
-    return _backend.kernels_unavailable_reason(x.device)
+    return _backend.kernels_unavailable_reason(conv_w.device)
+
+
+def unsupported_reason(x: Tensor, conv_w: Tensor, last_w: Tensor, patch: int) -> str | None:
+    """Why the kernel cannot run this tail on x (None: it can)."""
+    if not x.is_cuda or x.dtype != torch.float16 or x.dim() != 4 or x.shape[1] != C:
+        return f"x {tuple(x.shape)} {x.dtype} on {x.device} (takes float16 [N, {C}, H, W] on an sm_90 GPU)"
+    return weights_reason(conv_w, last_w, patch)
 
 
 def folded_weight(conv_w: Tensor, grow_w: Tensor, built: list | None = None) -> Tensor:

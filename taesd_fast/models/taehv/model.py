@@ -434,21 +434,19 @@ class TAEHV(TinyAutoencoder):
 
     def _tail_start(self, x: torch.Tensor) -> int | None:
         """The index of the base decoder's last Upsample where cuda_tail runs the decoder from there on (TGrow, the
-        upsample conv and its ReLU, the last conv and the frames): with fused_tail on, on an sm_90 GPU in float16,
-        kernels in play, no autograd, the last stage's space upscale on. Else None."""
+        upsample conv and its ReLU, the last conv and the frames), for a decoder call on x: with fused_tail on, on an
+        sm_90 GPU in float16, kernels in play, no autograd, the last stage's space upscale on. Else None."""
         seq = self.decoder
         if not self.fused_tail or self.arch.super_decoder or not self.preview.space[2] or not x.is_cuda:
             return None
-        if x.dtype != torch.float16 or dispatch.get_backend() == "torch" or torch.compiler.is_compiling() \
-                or torch.is_grad_enabled():
+        if dispatch.get_backend() == "torch" or torch.compiler.is_compiling() or torch.is_grad_enabled():
             return None
         i = len(seq) - 5
         if not isinstance(seq[i], nn.Upsample):
             return None
         from ...kernels import cuda_tail
 
-        return None if cuda_tail.unsupported_reason(x, seq[i + 2].weight, seq[i + 4].weight,
-                                                    self.patch_size) else i
+        return None if cuda_tail.weights_reason(seq[i + 2].weight, seq[i + 4].weight, self.patch_size) else i
 
     def _tail_frames(self, tail: int | None) -> int:
         """Output frames per frame into the decoder's layers from `tail` on (1 without a fused tail)."""
