@@ -118,7 +118,7 @@ __device__ __forceinline__ void h_row(const Tail& t, const float (&b1)[8][2], in
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         mma_m64n64(acc, desc_chunks(in_row(t, hi - 1 + ty) + 2 * k * IN_CHUNK + tx * 16, IN_CHUNK),
-              desc(t.w1 + ((py * 2 + wg) * 4 + ty * 2 + tx) * 8192 + k * 32), ty + tx + k > 0);
+                   desc(t.w1 + ((py * 2 + wg) * 4 + ty * 2 + tx) * 8192 + k * 32), ty + tx + k > 0);
   mma_commit();
   mma_wait_tied<0>(acc);
 #pragma unroll
