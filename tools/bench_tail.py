@@ -6,8 +6,9 @@ gluon_conv_rows' 64 -> 3 p^2 conv, then triton_frames), and TAEHV.fused_tail off
     python3 tools/bench_tail.py model taew2_1 320x512        # the uint8 step and a 16-latent decode_video
 
 `kernels` runs taew2_1's and taew2_2's step shapes and a decode chunk, with the uint8 frames of both paths
-compared (both forms of the fused tail's last conv where both apply). `model` tunes (blocking) with a random decoder in the published layout, then alternates the two settings
-in one process: 5 rounds of 60 steps and 5 decode_video calls each, medians.
+compared (both forms of the fused tail's last conv where both apply). `model` tunes (blocking) with a random
+decoder in the published layout, then alternates the two settings in one process: 5 rounds of 60 steps and 5
+decode_video calls each, medians.
 """
 
 from __future__ import annotations
@@ -55,16 +56,16 @@ def kernels():
         into = torch.empty(1, 2 * N, 3, 2 * H * p, 2 * W * p, device="cuda", dtype=torch.uint8)
         into2 = torch.empty_like(into)
 
-        def today():
+        def unfused():
             h = triton_conv_tma.grow_launch(x, gw, w, None, 2, True, 2)
             y = gluon_conv_rows.launch_conv(h, w2, b2, None, 1, False)
             write_frames(y, into, p)
 
-        today()
+        unfused()
         torch.cuda.synchronize()
-        t_today = graph_us(today)
+        t_unfused = graph_us(unfused)
         t_up = graph_us(lambda: triton_conv_tma.grow_launch(x, gw, w, None, 2, True, 2))
-        line = f"{name}: today {t_today:.1f} us (up conv alone {t_up:.1f})"
+        line = f"{name}: unfused {t_unfused:.1f} us (up conv alone {t_up:.1f})"
         for project in ((True, False) if p == 1 else (False,)):
             def fused(project=project):
                 cuda_tail.launch(x, gw, w, None, w2, b2, into2, p, pdl=True, project=project)
@@ -74,7 +75,7 @@ def kernels():
             diff = (into.int() - into2.int()).abs().max().item()
             t_fused = graph_us(fused)
             line += (f"; fused, {'projection' if project else 'direct'} form {t_fused:.1f} us "
-                     f"({t_today / t_fused:.2f}x, uint8 max diff {diff})")
+                     f"({t_unfused / t_fused:.2f}x, uint8 max diff {diff})")
         print(line)
 
 

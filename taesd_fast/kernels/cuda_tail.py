@@ -1,8 +1,8 @@
 """The TAEHV decoder's tail in one CUDA C++ kernel (csrc/tail_sm90.cu, compiled with NVRTC for sm_90a): TGrow, the
 nearest 2x upsample, the 64 -> 64 conv with its bias and ReLU, the last conv 64 -> 3 p^2 with its bias, the clamp,
 the unpatchify and the uint8 (or f16) frames, from the last stage's memory-block output. The full-resolution
-64-channel activation h (84 MB for taew2_1's step at 320x512) stays in shared memory: today's path writes it from
-the upsample conv and reads it back in the last conv, then passes the last conv's output through triton_frames.
+64-channel activation h (84 MB for taew2_1's step at 320x512) stays in shared memory; the unfused path writes it
+from the upsample conv, reads it back in the last conv, then passes the last conv's output through triton_frames.
 
 The last conv comes in two forms (csrc/tail_sm90.cu's head says how): direct, 64 -> 16 wgmmas over its 9 taps, and
 for 3 output channels (p = 1) the projection form, the h row times a [27, 64] weight, then tap sums.
