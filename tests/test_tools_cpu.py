@@ -295,3 +295,20 @@ def test_row_errors_names_the_call_with_one_wrong_element(monkeypatch, capsys):
     assert off and all(r[6].split(", ")[1] == "256" and r[7] == "(0, 5, 1, 2)" for r in off), lines
     assert len(off) == sum(r[6].split(", ")[1] == "256" for r in rows), lines
     assert abs(float(off[0][1]) - 0.5) < 1e-3, off[0]
+
+
+def test_step_swaps_makes_one_variant_per_graph_decision_swap_within_the_slack():
+    from taesd_fast import dispatch
+
+    swaps = load_tool(TOOLS / "step_swaps.py")
+    spec = dispatch.Spec("conv2d", "cuda:0", (1, 128, 80, 128), (128, 128, 3, 3), torch.float16, 1, True, False, True,
+                         "channels_last")
+    ms = {"torch": 16e-3, "triton_conv_tma": 9e-3, "cuda_conv_tiles": 9.5e-3, "triton_conv": 10.5e-3}
+    rec = dispatch.decide.Record(spec, "triton_conv_tma", "t", ms, {}, None)
+    base = {("auto", True, "graph"): rec, ("auto", False, "eager"): rec}
+    out = swaps.variants(base, 0.12)
+    assert list(out)[0] == "tuner's decisions" and out["tuner's decisions"] is base
+    assert len(out) == 2  # cuda_conv_tiles (5.6% slower alone); not triton_conv (16.7%), torch or the eager call
+    swapped = list(out.values())[1]
+    assert swapped[("auto", True, "graph")].choice == "cuda_conv_tiles" and swapped[("auto", False, "eager")] is rec
+
