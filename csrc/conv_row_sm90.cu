@@ -28,14 +28,6 @@
 #define R_STAGE_BYTES (128 * 128)
 #define SMEM_BYTES (W_BYTES + STAGES * (X_STAGE_BYTES + R_STAGE_BYTES) + 128 * 128 + 64)
 
-template <int N>
-__device__ __forceinline__ void mma_wait(float (&a)[32], float (&b)[32], float (&c)[32]) {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-  // Tie the accumulators to the wait so the compiler reads them only after it.
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(a[i]), "+f"(b[i]), "+f"(c[i])::"memory");
-}
-
 // The A operand of K step k, tap dx: 64 pixels of the row from pixel dx on (desc_chunks), channels 16k .. 16k + 15.
 __device__ __forceinline__ unsigned long long x_desc(u32 x_box, int k, int dx) {
   return desc_chunks(x_box + 2 * k * X_CHUNK_BYTES + dx * 16, X_CHUNK_BYTES);
@@ -166,9 +158,9 @@ __device__ __forceinline__ void step(const Run& run, const float (&bias_v)[8][2]
   int wg = threadIdx.x / 128;  // warpgroup: pixels 64 * wg .. + 63 of the strip
   row_mmas(done, cur, next, run.x_base + stage * X_STAGE_BYTES + wg * 64 * 16, run.w_base, has_done, has_cur,
            has_next);
-  mma_wait<1>(done, cur, next);
+  mma_wait_tied<1>(done, cur, next);
   if (has_done) store_row(run, bias_v, done, row_done, stage);
-  mma_wait<0>(done, cur, next);
+  mma_wait_tied<0>(done, cur, next);
   __syncthreads();  // every MMA and residual read of this stage is done: refill it
   if (threadIdx.x == 0 && i + STAGES < run.steps) load_row(run, i + STAGES);
 }

@@ -84,3 +84,10 @@ __device__ __forceinline__ void mma_wait_tied(float (&a)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(a[i])::"memory");
 }
+// The same for three accumulators (a row-streaming kernel's output rows).
+template <int GROUPS, int R>
+__device__ __forceinline__ void mma_wait_tied(float (&a)[R], float (&b)[R], float (&c)[R]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(GROUPS) : "memory");
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(a[i]), "+f"(b[i]), "+f"(c[i])::"memory");
+}

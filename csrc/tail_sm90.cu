@@ -73,13 +73,6 @@ __device__ __forceinline__ void mma32(float (&d)[16], unsigned long long a, unsi
       : "l"(a), "l"(b), "r"(scale_d));
 }
 
-// Wait for every wgmma of this warpgroup (mma_wait_tied for three accumulators at once).
-__device__ __forceinline__ void wait_o(float (&a)[8], float (&b)[8], float (&c)[8]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(a[i]), "+f"(b[i]), "+f"(c[i])::"memory");
-}
-
 struct Tail {
   const TmaMap* x_map;
   unsigned char* out;
@@ -215,7 +208,7 @@ __device__ __forceinline__ void step(const Tail& t, const float (&b1)[8][2], con
     if (has_cur) last_conv_mmas(cur, t, wg, 1, Y >= 1);
     if (has_next) last_conv_mmas(next, t, wg, 0, 0);
     mma_commit();
-    wait_o(next, cur, done);
+    mma_wait_tied<0>(next, cur, done);
   }
   if (Y - 1 >= t.r0 && Y - 1 < t.r_end) store_out(t, b2, done, Y - 1);
   __syncthreads();  // every wgmma reading the h row is done: the next step may overwrite it
