@@ -251,22 +251,23 @@ class TAEHV(TinyAutoencoder):
         state = self._state("decoder", None, n, h, w, param)
         written, to_skip = 0, trim
         with torch.no_grad():
+            tail = self._tail_start(latents)  # where the fused tail takes over (None: the layers run to the end)
+            grown = self._tail_frames(tail)
             for start, stop in _progress(chunk_spans(t, outer), show_progress_bar, "decoding"):
                 x = preferred_layout(latents[:, start:stop].reshape(n * (stop - start), c, h, w))
                 mid = run_sequence(self.decoder, x, n, state.memory, self.preview, stop=cut)
                 mid = mid.view(n, -1, *mid.shape[1:])
                 for a, b in chunk_spans(mid.shape[1], inner):
-                    y = preferred_layout(mid[:, a:b].flatten(0, 1))
-                    tail = self._tail_start(y)
-                    y = run_sequence(self.decoder, y, n, state.memory, self.preview, start=cut, stop=tail)
-                    produced = y.shape[0] * self._tail_frames(tail) // n
+                    y = run_sequence(self.decoder, preferred_layout(mid[:, a:b].flatten(0, 1)), n, state.memory,
+                                     self.preview, start=cut, stop=tail)
+                    produced = y.shape[0] * grown // n
                     skip = min(to_skip, produced)
                     to_skip -= skip
                     into = out[:, written:written + produced - skip]
                     if tail is None:
                         self._postprocess(y, uint8, into=into, skip=skip)
                     else:
-                        self._tail(y, into, skip)
+                        self._tail(tail, y, into, skip)
                     written += produced - skip
                     del y  # not alive while the next chunk runs
                 del mid
@@ -420,7 +421,7 @@ class TAEHV(TinyAutoencoder):
             frames = torch.empty((batch, nk // batch, 3, h * p, w * p), device=out.device,
                                  dtype=torch.uint8 if uint8 else out.dtype)
             if tail is not None:
-                return self._tail(out, frames, 0).flatten(0, 1)
+                return self._tail(tail, out, frames, 0).flatten(0, 1)
             return self._postprocess(out, uint8, into=frames).flatten(0, 1)
 
         with torch.no_grad():
@@ -454,18 +455,18 @@ class TAEHV(TinyAutoencoder):
             return 1
         return self.decoder[tail + 1].stride if self.preview.time[2] else 1
 
-    def _tail(self, x: torch.Tensor, into: torch.Tensor, skip: int) -> torch.Tensor:
-        """cuda_tail on x, the input of the decoder's last Upsample, writing `into`'s frames (see _tail_start)."""
+    def _tail(self, tail: int, x: torch.Tensor, into: torch.Tensor, skip: int) -> torch.Tensor:
+        """cuda_tail on x, the input of the decoder's layer `tail` (its last Upsample, from _tail_start), writing
+        `into`'s frames. A view that is not dense, 16-byte aligned channels_last (TMA) is copied first."""
         from ...kernels import cuda_tail
+        from ...kernels.tma_pdl import aligned_nhwc
 
-        seq, i = self.decoder, len(self.decoder) - 5
-        grow_w = seq[i + 1].conv.weight
+        grow, conv, last = self.decoder[tail + 1], self.decoder[tail + 2], self.decoder[tail + 4]
+        grow_w = grow.conv.weight
         if not self.preview.time[2]:
             grow_w = grow_w[-grow_w.shape[1]:]  # time upscale off: TGrow keeps its last frame's rows
-        conv, last = seq[i + 2], seq[i + 4]
-        return cuda_tail.launch(preferred_layout(x.contiguous(memory_format=torch.channels_last)), grow_w,
-                                conv.weight, conv.bias, last.weight, last.bias, into, self.patch_size, skip=skip,
-                                pdl=True)
+        return cuda_tail.launch(aligned_nhwc(x), grow_w, conv.weight, conv.bias, last.weight, last.bias, into,
+                                self.patch_size, skip=skip, pdl=True)
 
     def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor, skip: int = 0) -> torch.Tensor:
         """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked, written
