@@ -5,6 +5,5 @@ built with NVRTC (`cuda_conv_rows`, `cuda_conv_tiles`, `cuda_mem_conv`, `cuda_fu
 head (`split_bf16`: cuBLAS/cuDNN, then our NVRTC stencil). What rows share lives in modules named for what they
 hold: the conv rows' `conv_*` (the contract, weight packing, epilogue, launch), the head rows' `head_*`
 (`head_full_common`: the fused heads' checks, twin, driver and op; `head_stencil`; `head_g_layout`; `head_math`). A long device kernel sits beside its row as
-`<row>_kernel`. Two kernels are no row: `triton_frames`, TAEHV's output frames (clamp, unpatchify, uint8) in one
-pass, and `cuda_tail`, the base decoder's whole tail from its last upsample to the frames (opt-in:
-`TAEHV.fused_tail`). Nothing here is imported until a GPU call needs it."""
+`<row>_kernel`. One kernel is no row: `triton_frames`, TAEHV's output frames (clamp, unpatchify, uint8) in one
+pass. Nothing here is imported until a GPU call needs it."""

@@ -42,8 +42,6 @@ class TAEHV(TinyAutoencoder):
     chunk_bytes (default CHUNK_BYTES): `decode_video` / `encode_video` run as many latent frames at a time as keep
     the estimated activations within this many bytes (at least one), so their memory is the output's plus one
     chunk's at any video length; the result does not depend on it.
-    fused_tail (default False): on an sm_90 GPU in float16, the base decoder's last upsample conv, last conv and
-    output frames run as one CUDA kernel (kernels/cuda_tail.py), which never writes the full-resolution features.
     """
 
     def __init__(self, variant: str | TAEHVArch = "taew2_1", encoder: bool = True, decoder: bool = True):
@@ -52,7 +50,6 @@ class TAEHV(TinyAutoencoder):
                          graph_caches={"encoder": GraphCache(max_graphs=2), "decoder": GraphCache(max_graphs=2)})
         self.preview = Preview()
         self.chunk_bytes = CHUNK_BYTES
-        self.fused_tail = False
 
     # ------------------------------------------------------------------------------------------ properties
 
@@ -236,8 +233,7 @@ class TAEHV(TinyAutoencoder):
             return run(latents)
         with torch.no_grad():
             return self._graph_caches["decoder"](run, latents, parameters_of(self.decoder),
-                                                 extra=(parallel, uint8, self.preview, self.chunk_bytes,
-                                                        self.fused_tail))
+                                                 extra=(parallel, uint8, self.preview, self.chunk_bytes))
 
     def _decode_video(self, latents: torch.Tensor, shape: tuple, dtype: torch.dtype, trim: int, parallel: bool,
                       show_progress_bar: bool, param: torch.Tensor) -> torch.Tensor:
@@ -251,23 +247,17 @@ class TAEHV(TinyAutoencoder):
         state = self._state("decoder", None, n, h, w, param)
         written, to_skip = 0, trim
         with torch.no_grad():
-            tail = self._tail_start(latents)  # where the fused tail takes over (None: the layers run to the end)
-            grown = self._tail_frames(tail)
             for start, stop in _progress(chunk_spans(t, outer), show_progress_bar, "decoding"):
                 x = preferred_layout(latents[:, start:stop].reshape(n * (stop - start), c, h, w))
                 mid = run_sequence(self.decoder, x, n, state.memory, self.preview, stop=cut)
                 mid = mid.view(n, -1, *mid.shape[1:])
                 for a, b in chunk_spans(mid.shape[1], inner):
                     y = run_sequence(self.decoder, preferred_layout(mid[:, a:b].flatten(0, 1)), n, state.memory,
-                                     self.preview, start=cut, stop=tail)
-                    produced = y.shape[0] * grown // n
+                                     self.preview, start=cut)
+                    produced = y.shape[0] // n
                     skip = min(to_skip, produced)
                     to_skip -= skip
-                    into = out[:, written:written + produced - skip]
-                    if tail is None:
-                        self._postprocess(y, uint8, into=into, skip=skip)
-                    else:
-                        self._tail(tail, y, into, skip)
+                    self._postprocess(y, uint8, into=out[:, written:written + produced - skip], skip=skip)
                     written += produced - skip
                     del y  # not alive while the next chunk runs
                 del mid
@@ -411,17 +401,13 @@ class TAEHV(TinyAutoencoder):
         project = post and x.is_cuda and not torch.compiler.is_compiling()
 
         def step(inp: torch.Tensor) -> torch.Tensor:
-            tail = self._tail_start(inp) if post else None
-            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory, project=project,
-                               stop=tail)
+            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory, project=project)
             if not post:
                 return out
-            p, side = self.patch_size, 1 if tail is None else 2
-            nk, h, w = out.shape[0] * self._tail_frames(tail), out.shape[2] * side, out.shape[3] * side
+            nk, _, h, w = out.shape
+            p = self.patch_size
             frames = torch.empty((batch, nk // batch, 3, h * p, w * p), device=out.device,
                                  dtype=torch.uint8 if uint8 else out.dtype)
-            if tail is not None:
-                return self._tail(tail, out, frames, 0).flatten(0, 1)
             return self._postprocess(out, uint8, into=frames).flatten(0, 1)
 
         with torch.no_grad():
@@ -429,44 +415,9 @@ class TAEHV(TinyAutoencoder):
                 out = step(x)
             else:
                 with torch.cuda.device(x.device):  # capture and replay on the input's GPU
-                    out = graphed_step(step, x, graphs.parameters_of(seq), state, (uint8, self.fused_tail))
+                    out = graphed_step(step, x, graphs.parameters_of(seq), state, uint8)
         state.steps += 1
         return out
-
-    def _tail_start(self, x: torch.Tensor) -> int | None:
-        """The index of the base decoder's last Upsample where cuda_tail runs the decoder from there on (TGrow, the
-        upsample conv and its ReLU, the last conv and the frames), for a decoder call on x: with fused_tail on, on an
-        sm_90 GPU in float16, kernels in play, no autograd, the last stage's space upscale on. Else None."""
-        seq = self.decoder
-        if not self.fused_tail or self.arch.super_decoder or not self.preview.space[2] or not x.is_cuda:
-            return None
-        if dispatch.get_backend() == "torch" or torch.compiler.is_compiling() or torch.is_grad_enabled():
-            return None
-        i = len(seq) - 5
-        if not isinstance(seq[i], nn.Upsample):
-            return None
-        from ...kernels import cuda_tail
-
-        return None if cuda_tail.weights_reason(seq[i + 2].weight, seq[i + 4].weight, self.patch_size) else i
-
-    def _tail_frames(self, tail: int | None) -> int:
-        """Output frames per frame into the decoder's layers from `tail` on (1 without a fused tail)."""
-        if tail is None:
-            return 1
-        return self.decoder[tail + 1].stride if self.preview.time[2] else 1
-
-    def _tail(self, tail: int, x: torch.Tensor, into: torch.Tensor, skip: int) -> torch.Tensor:
-        """cuda_tail on x, the input of the decoder's layer `tail` (its last Upsample, from _tail_start), writing
-        `into`'s frames. A view that is not dense, 16-byte aligned channels_last (TMA) is copied first."""
-        from ...kernels import cuda_tail
-        from ...kernels.tma_pdl import aligned_nhwc
-
-        grow, conv, last = self.decoder[tail + 1], self.decoder[tail + 2], self.decoder[tail + 4]
-        grow_w = grow.conv.weight
-        if not self.preview.time[2]:
-            grow_w = grow_w[-grow_w.shape[1]:]  # time upscale off: TGrow keeps its last frame's rows
-        return cuda_tail.launch(aligned_nhwc(x), grow_w, conv.weight, conv.bias, last.weight, last.bias, into,
-                                self.patch_size, skip=skip, pdl=True)
 
     def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor, skip: int = 0) -> torch.Tensor:
         """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked, written
