@@ -8,6 +8,7 @@
 // tap's weight slice [128 c_out][64 c_in] (K-major, the same swizzle). A producer warp issues the loads, STAGES steps
 // ahead, refilling a stage once the consumers release it (an "empty" barrier per stage).
 // Epilogue: bias, residual (TMA boxes loaded at the start), ReLU, f16 in the residual's shared memory, TMA stores.
+// With PDL the next kernel may launch once the K loop is done (griddepcontrol.launch_dependents there).
 //
 // Compile-time (NVRTC -D): WG (consumer warpgroups, 1 or 2), STAGES, BW (box columns; BH = 64 / BW).
 
@@ -101,10 +102,7 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
   if (producer)
     for (int s = 0; s < STAGES && s < steps; ++s) load_w(t, s);
-  if (pdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (producer) {
     for (int s = 0; s < STAGES && s < steps; ++s) load_x(t, s);
     if (has_res) {
@@ -149,6 +147,9 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
     }
   }
   mma_wait_tied<0>(acc);
+  // The next kernel (PDL) may launch from here on, not from this one's start: launched at the start, its programs
+  // would sit on the SMs this small grid leaves free, waiting, where the step's side stream could run its convs.
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   // Epilogue: accumulator element (row m, column c) -> the 128-byte swizzled box of columns 64j.., row m. Every
   // residual pair is read before the first store, so the reads overlap rather than wait one by one.
