@@ -13,7 +13,10 @@
 // STAGES input rows [8][130 px][8 c] (17 KB each), STAGES residual boxes [128 px][64 c], one output box, barriers.
 // The weight, residual and output boxes use the TMA's 128-byte swizzle: 16-byte chunk k of 128-byte row r sits at
 // chunk k ^ (r % 8).
-// 256 threads: two warpgroups, each owning 64 of the strip's 128 output pixels. Thread 0 issues every TMA.
+// 288 threads: two consumer warpgroups, each owning 64 of the strip's 128 output pixels, and a producer warp, one
+// thread of which issues every row's loads, refilling a stage once both warpgroups have released it. (Loads issued
+// by a consumer thread held its warpgroup up while the TMA unit took in the row's 1040 16-byte box rows.) The
+// warpgroups take turns at the tensor cores ("ping-pong"), so that one's epilogue runs beside the other's MMAs.
 //
 // Past mode (frames > 0; the memory-block conv's past half, kernels/cuda_mem_conv.py): output image i reads its
 // input rows from the frame before it, image i - 1 of x, or, for a sample's first frame (i % frames == 0), from
@@ -21,6 +24,7 @@
 // TMA fills with zeros: the past before a video's first frame.
 
 #define STAGES 3
+#define CONSUMERS 256
 #define BOX_W 130                                     // 128 output pixels + one halo pixel on each side
 #define W_BYTES (9 * 64 * 64 * 2)
 #define X_CHUNK_BYTES ((BOX_W * 16 + 127) / 128 * 128)  // one 8-channel chunk of the row (TMA writes at 128 B)
@@ -32,6 +36,16 @@
 __device__ __forceinline__ unsigned long long x_desc(u32 x_box, int k, int dx) {
   return desc_chunks(x_box + 2 * k * X_CHUNK_BYTES + dx * 16, X_CHUNK_BYTES);
 }
+
+// A barrier of this thread's warpgroup alone (named barrier 1 or 2), which stores its output rows by itself.
+__device__ __forceinline__ void warpgroup_sync() {
+  if (threadIdx.x < 128)
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+// The thread that issues its warpgroup's TMA stores and releases its stages.
+__device__ __forceinline__ bool wg_leader() { return threadIdx.x % 128 == 0; }
 
 // One input row's nine taps into the accumulators they feed: tap (dy, dx) of row j goes to output row j + 1 - dy.
 // Row `done` (dy = 2) is issued as its own group, so it can be drained while the other two run.
@@ -100,8 +114,8 @@ __device__ __forceinline__ u32 pair_off(int n8, int px, int lane) {
 __device__ __forceinline__ void store_row(const Run& run, const float (&bias_v)[8][2], const float (&acc)[32],
                                           int row, int stage) {
   int t = threadIdx.x, lane = t % 32, warp = t / 32;  // warp 0-7: pixels 16 * warp .. + 15 of the strip
-  if (t == 0) tma_store_wait_read();                   // the previous row's store has left the output box
-  __syncthreads();
+  if (wg_leader()) tma_store_wait_read();           // the previous row's store has left the output box
+  warpgroup_sync();
   u32 res[2][8];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -139,8 +153,9 @@ __device__ __forceinline__ void store_row(const Run& run, const float (&bias_v)[
     }
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  __syncthreads();
-  if (t == 0) tma_store_4d(run.y_map, run.o_base, 0, run.col0, row, run.img);
+  warpgroup_sync();
+  if (wg_leader())  // the warpgroup's 64 pixels (y_map's box is 64 pixels wide)
+    tma_store_4d(run.y_map, run.o_base + (t / 128) * 8192, 0, run.col0 + 64 * (t / 128), row, run.img);
 }
 
 template <int K>
@@ -155,17 +170,28 @@ __device__ __forceinline__ void step(const Run& run, const float (&bias_v)[8][2]
   // Only the MMAs for rows this run stores (a run's first two and last steps skip the others).
   bool has_done = i >= 2 && row_done < run.r_end, has_cur = i >= 1 && row_done + 1 < run.r_end;
   bool has_next = row_done + 2 < run.r_end;
-  int wg = threadIdx.x / 128;  // warpgroup: pixels 64 * wg .. + 63 of the strip
+  // Warpgroup wg: pixels 64 * wg .. + 63 of the strip (through a shuffle, so that ptxas sees it warp-uniform).
+  int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  // The warpgroups take turns at the tensor cores, so that one's epilogue runs beside the other's MMAs: warpgroup 1
+  // issues step i's MMAs after warpgroup 0 has, warpgroup 0 step i + 1's after warpgroup 1 issued step i's.
+  if (wg == 1)
+    asm volatile("bar.sync 3, %0;" ::"n"(CONSUMERS) : "memory");
+  else if (i > 0)
+    asm volatile("bar.sync 4, %0;" ::"n"(CONSUMERS) : "memory");
   row_mmas(done, cur, next, run.x_base + stage * X_STAGE_BYTES + wg * 64 * 16, run.w_base, has_done, has_cur,
            has_next);
+  if (wg == 0)
+    asm volatile("bar.arrive 3, %0;" ::"n"(CONSUMERS) : "memory");
+  else if (i + 1 < run.steps)
+    asm volatile("bar.arrive 4, %0;" ::"n"(CONSUMERS) : "memory");
   mma_wait_tied<1>(done, cur, next);
   if (has_done) store_row(run, bias_v, done, row_done, stage);
   mma_wait_tied<0>(done, cur, next);
-  __syncthreads();  // every MMA and residual read of this stage is done: refill it
-  if (threadIdx.x == 0 && i + STAGES < run.steps) load_row(run, i + STAGES);
+  warpgroup_sync();  // the warpgroup's MMAs and residual reads of this stage are done: release it to the producer
+  if (wg_leader()) mbar_arrive(run.bars + 8 * (STAGES + 1 + stage), 1);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
     conv_row_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
                   const __grid_constant__ TmaMap r_map, const __grid_constant__ TmaMap y_map,
                   const __grid_constant__ TmaMap m_map, const u16* bias, int H, int rows, int chunks, int strips,
@@ -206,7 +232,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 
   u32 w_bar = run.bars + 8 * STAGES;
   if (threadIdx.x == 0) {
-    for (int s = 0; s <= STAGES; ++s) mbar_init(run.bars + 8 * s, 1);
+    for (int s = 0; s <= STAGES; ++s) mbar_init(run.bars + 8 * s, 1);                   // full, weights
+    for (int s = 0; s < STAGES; ++s) mbar_init(run.bars + 8 * (STAGES + 1 + s), 2);  // empty: one arrive per warpgroup
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
     mbar_expect_tx(w_bar, W_BYTES);
@@ -223,9 +250,18 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
-  if (threadIdx.x == 0)
-    for (int s = 0; s < STAGES && s < run.steps; ++s) load_row(run, s);
-  __syncthreads();
+  __syncthreads();  // the barriers are initialised
+  // The warp's index through a shuffle, so that ptxas sees the branch as warp-uniform (a divergent path before the
+  // wgmmas makes it serialize them).
+  if (__shfl_sync(0xffffffffu, threadIdx.x / 32, 0) >= CONSUMERS / 32) {
+    // The producer warp: one thread issues every row's loads, refilling a stage once the consumers released it.
+    if (threadIdx.x == CONSUMERS)
+      for (int s = 0; s < run.steps; ++s) {
+        if (s >= STAGES) mbar_wait(run.bars + 8 * (STAGES + 1 + s % STAGES), (s / STAGES - 1) & 1);
+        load_row(run, s);
+      }
+    return;
+  }
   float acc[3][32];
   mbar_wait(w_bar, 0);
   for (int g = 0; g < n_groups; ++g) {
@@ -233,5 +269,5 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     step<1>(run, bias_v, 3 * g + 1, acc);
     step<2>(run, bias_v, 3 * g + 2, acc);
   }
-  if (threadIdx.x == 0) tma_store_wait_read();
+  if (wg_leader()) tma_store_wait_read();
 }

@@ -4,6 +4,9 @@ operands starting 0, 1 and 2 pixels into it (which Gluon's shared-memory views c
 loads three shifted boxes). Fewer shared-memory bytes per row make it faster than the Gluon kernel on short row runs
 in one wave of programs (B=1 at 128^2-256^2); on long runs the Gluon kernel's deeper overlap wins.
 
+A producer warp issues the row loads, and the two consumer warpgroups take turns at the tensor cores, each storing
+its own 64 columns while the other's MMAs run (csrc/conv_row_sm90.cu says why).
+
 Covers 64->64, stride 1, no upsample or pre_clamp, W > 64 (strips of 128 columns), with or without bias and
 residual, sm_90 with NVRTC. x and the residual must start 16-byte aligned (TMA): views that do not are copied first.
 A compile or launch failure is remembered: a warning once, the call raises, and from then on the row's rule names
@@ -26,6 +29,8 @@ NAME = "cuda_conv_rows"
 SOURCE, KERNEL = "conv_row_sm90.cu", "conv_row_sm90"
 C = 64  # channels in and out
 STRIP = 128  # output columns per program (two warpgroups of 64)
+THREADS = 288  # two consumer warpgroups and the producer warp
+Y_BOX = 64  # output pixels per TMA store: one warpgroup's half of the strip
 SMEM = 73728 + 3 * (17408 + 16384) + 16384 + 64 + 1024  # the kernel's SMEM_BYTES plus 1024-byte alignment slack
 
 _failure: list[str] = []  # why it could not compile or launch in this process, once it could not
@@ -85,12 +90,12 @@ def launch(x: Tensor, wp: Tensor, b: Tensor | None, residual: Tensor | None, out
     wk = derived.get(wp, ("cuda_conv_rows",), lambda: built.append(1) or wp.reshape(9, 64, 64).transpose(1, 2).contiguous())
     w_map = tensor_map(wk, [64, 9 * 64], [64], [64, 64])
     x_map = _nhwc_map(x, STRIP + 2, 8)
-    y_map = _nhwc_map(out, STRIP)
+    y_map = _nhwc_map(out, Y_BOX)
     r_map = _nhwc_map(residual, STRIP) if residual is not None else y_map
     m_map = _nhwc_map(memory, STRIP + 2, 8) if memory is not None else x_map
     strips, chunks = -(-W // STRIP), -(-H // rows)
     kernel = _backend.get_kernel(SOURCE, KERNEL, device=x.device)
-    kernel((B * chunks * strips,), (256,), [x_map, w_map, r_map, y_map, m_map, b, H, rows, chunks, strips,
+    kernel((B * chunks * strips,), (THREADS,), [x_map, w_map, r_map, y_map, m_map, b, H, rows, chunks, strips,
                                             int(residual is not None), int(relu), int(pdl and not built),
                                             frames, int(memory is not None)],
            smem=SMEM, pdl=pdl and not built)
