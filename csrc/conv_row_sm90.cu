@@ -15,7 +15,7 @@
 // chunk k ^ (r % 8).
 // 288 threads: two consumer warpgroups, each owning 64 of the strip's 128 output pixels, and a producer warp, one
 // thread of which issues every row's loads, refilling a stage once both warpgroups have released it. (Loads issued
-// by a consumer thread held its warpgroup up while the TMA unit took in the row's 1040 16-byte box rows.) The
+// by a consumer thread held its warpgroup up until the TMA unit had taken in the row's 8 boxes.) The
 // warpgroups take turns at the tensor cores ("ping-pong"), so that one's epilogue runs beside the other's MMAs.
 //
 // Past mode (frames > 0; the memory-block conv's past half, kernels/cuda_mem_conv.py): output image i reads its
