@@ -31,6 +31,8 @@
 #define X_STAGE_BYTES (((BOX_W * 128) + 1023) / 1024 * 1024)
 #define R_STAGE_BYTES (128 * 128)
 #define SMEM_BYTES (W_BYTES + STAGES * (X_STAGE_BYTES + R_STAGE_BYTES) + 128 * 128 + 64)
+// The 64 bytes at the end hold the barriers: STAGES full, the weights', STAGES empty.
+static_assert(8 * (2 * STAGES + 1) <= 64, "the barriers outgrow SMEM_BYTES");
 
 // The A operand of K step k, tap dx: 64 pixels of the row from pixel dx on (desc_chunks), channels 16k .. 16k + 15.
 __device__ __forceinline__ unsigned long long x_desc(u32 x_box, int k, int dx) {

@@ -30,7 +30,7 @@ SOURCE, KERNEL = "conv_row_sm90.cu", "conv_row_sm90"
 C = 64  # channels in and out
 STRIP = 128  # output columns per program (two warpgroups of 64)
 THREADS = 288  # two consumer warpgroups and the producer warp
-Y_BOX = 64  # output pixels per TMA store: one warpgroup's half of the strip
+Y_BOX = STRIP // 2  # output pixels per TMA store: one warpgroup's half of the strip
 SMEM = 73728 + 3 * (17408 + 16384) + 16384 + 64 + 1024  # the kernel's SMEM_BYTES plus 1024-byte alignment slack
 
 _failure: list[str] = []  # why it could not compile or launch in this process, once it could not
