@@ -10,13 +10,14 @@
 // Epilogue: bias, residual (TMA boxes loaded at the start), ReLU, f16 in the residual's shared memory, TMA stores.
 // With PDL the next kernel may launch once the K loop is done (griddepcontrol.launch_dependents there).
 //
-// Compile-time (NVRTC -D): WG (consumer warpgroups, 1 or 2), STAGES, BW (box columns; BH = 64 / BW).
+// Compile-time (NVRTC -D): WG (consumer warpgroups, 1 or 2), STAGES, BW (box columns; BH = 64 / BW), NC (channel
+// chunks of 64 per K step; C_in / 64 must be a multiple).
 
 #define BN 128                          // output channels per program
 #define BH (64 / BW)
-#define A_BYTES 8192                    // one warpgroup's box: 64 px x 64 channels
-#define B_BYTES (BN * 128)              // one tap's weight slice: 128 c_out x 64 c_in
-#define STAGE_BYTES (WG * A_BYTES + B_BYTES)
+#define A_BYTES 8192                    // one warpgroup's box of one channel chunk: 64 px x 64 channels
+#define B_BYTES (BN * 128)              // one weight slice: 128 c_out x 64 c_in
+#define STAGE_BYTES (NC * (WG * A_BYTES + B_BYTES))  // NC chunks: [WG][NC] input boxes, then [NC] weight slices
 #define R_BYTES (WG * (BN / 64) * 8192)  // residual / output boxes: per warpgroup, two of 64 channels
 #define CONSUMERS (WG * 128)
 // Dynamic shared memory: STAGES * STAGE_BYTES + R_BYTES + the barriers (cuda_conv_tiles.TileConfig.smem).
@@ -45,23 +46,24 @@ __device__ __forceinline__ void mma(float (&d)[64], unsigned long long a, unsign
 struct Tile {
   const TmaMap *x_map, *w_map;
   u32 base, full, empty;
-  int x0, y0, img, n0, kc, c_out;
+  int x0, y0, img, n0, kg, c_out;
 };
 
-// Step s's loads into its stage (s % STAGES): the weight slice of tap s / kc, channel chunk s % kc (load_w, which
-// sets the stage's barrier to expect the whole stage) and the warpgroups' input boxes (load_x).
+// Step s's loads into its stage (s % STAGES): tap s / kg, channel chunks NC (s % kg) .. + NC - 1 (kg = kc / NC).
+// Each is one TMA instruction whatever NC (the maps' chunk dimension lies outside their rows): the weight slices
+// (load_w, which sets the stage's barrier to expect the whole stage) and each warpgroup's input boxes (load_x).
 __device__ __forceinline__ void load_w(const Tile& t, int s) {
-  int stage = s % STAGES, tap = s / t.kc, c = s % t.kc;
+  int stage = s % STAGES, tap = s / t.kg, cg = s % t.kg;
   u32 bar = t.full + 8 * stage;
   mbar_expect_tx(bar, STAGE_BYTES);
-  tma_load_2d(t.base + stage * STAGE_BYTES + WG * A_BYTES, t.w_map, bar, 64 * c, tap * t.c_out + t.n0);
+  tma_load_3d(t.base + stage * STAGE_BYTES + WG * NC * A_BYTES, t.w_map, bar, 0, tap * t.c_out + t.n0, NC * cg);
 }
 __device__ __forceinline__ void load_x(const Tile& t, int s) {
-  int stage = s % STAGES, tap = s / t.kc, c = s % t.kc;
+  int stage = s % STAGES, tap = s / t.kg, cg = s % t.kg;
 #pragma unroll
   for (int g = 0; g < WG; ++g)
-    tma_load_4d(t.base + stage * STAGE_BYTES + g * A_BYTES, t.x_map, t.full + 8 * stage, 64 * c,
-                t.x0 + tap % 3 - 1, t.y0 + g * BH + tap / 3 - 1, t.img);
+    tma_load_5d(t.base + stage * STAGE_BYTES + g * NC * A_BYTES, t.x_map, t.full + 8 * stage, 0, t.x0 + tap % 3 - 1,
+                t.y0 + g * BH + tap / 3 - 1, NC * cg, t.img);
 }
 
 // Grid: output-channel blocks x pixel tiles, pixel tiles fastest. Tiles past the image's edge load zeros and store
@@ -79,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   u32 res_bar = t.empty + 8 * STAGES;
   t.x_map = &x_map;
   t.w_map = &w_map;
-  t.kc = c_in / 64;
+  t.kg = c_in / (64 * NC);
   t.c_out = c_out;
   int m = blockIdx.x % m_tiles;
   t.n0 = (blockIdx.x / m_tiles) * BN;
@@ -87,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   m /= tiles_w;
   t.y0 = (m % tiles_h) * (WG * BH);
   t.img = m / tiles_h;
-  int steps = 9 * t.kc, tid = threadIdx.x;
+  int steps = 9 * t.kg, tid = threadIdx.x;
   bool producer = tid == CONSUMERS;
 
   if (tid == 0) {
@@ -135,10 +137,12 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   for (int s = 0; s < steps; ++s) {
     int stage = s % STAGES;
     mbar_wait(t.full + 8 * stage, (s / STAGES) & 1);
-    u32 a = t.base + stage * STAGE_BYTES + wg * A_BYTES, b = t.base + stage * STAGE_BYTES + WG * A_BYTES;
+    u32 a = t.base + stage * STAGE_BYTES + wg * NC * A_BYTES, b = t.base + stage * STAGE_BYTES + WG * NC * A_BYTES;
     mma_fence();
 #pragma unroll
-    for (int k = 0; k < 4; ++k) mma(acc, desc(a + 32 * k), desc(b + 32 * k), s + k > 0);
+    for (int j = 0; j < NC; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mma(acc, desc(a + j * A_BYTES + 32 * k), desc(b + j * B_BYTES + 32 * k), s + j + k > 0);
     mma_commit();
     mma_wait_tied<1>(acc);  // step s - 1's MMAs are done (this warp's)
     if (s >= 1 && s - 1 + STAGES < steps) {

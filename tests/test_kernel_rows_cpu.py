@@ -208,19 +208,20 @@ def test_cuda_conv_tiles_takes_64k_to_128k_channels(h200):
     assert "NVRTC could not compile" in why("cuda_conv_tiles", conv((1, 256, 40, 64), 256))
 
 
-@pytest.mark.parametrize("B,H,W,c_out,config", [
-    (1, 40, 64, 256, (1, 4, 64)),  # taew2_1's step, 256 channels: 80 programs
-    (1, 80, 128, 128, (2, 4, 64)),  # its 128-channel stage: 160 one-warpgroup programs, more than 132 SMs
-    (1, 44, 80, 256, (1, 4, 16)),  # taew2_2's: 80 columns in five 16-column boxes of 4 rows
-    (1, 88, 160, 128, (2, 4, 32)),
-    (3, 37, 50, 128, (1, 4, 8))])  # 50 columns: seven 8-column boxes pad least
-def test_cuda_conv_tiles_config(B, H, W, c_out, config):
+@pytest.mark.parametrize("B,H,W,c_in,c_out,config", [
+    (1, 40, 64, 256, 256, (1, 4, 64, 2)),  # taew2_1's step, 256 channels: 80 programs, two chunks a K step
+    (1, 80, 128, 128, 128, (2, 4, 64, 1)),  # its 128-channel stage: 160 one-warpgroup programs, more than 132 SMs
+    (1, 44, 80, 256, 256, (1, 4, 16, 2)),  # taew2_2's: 80 columns in five 16-column boxes of 4 rows
+    (1, 88, 160, 128, 128, (2, 4, 32, 1)),
+    (2, 9, 20, 192, 256, (1, 4, 8, 1)),  # three chunks: one a K step
+    (3, 37, 50, 256, 128, (1, 4, 8, 2))])  # 50 columns: seven 8-column boxes pad least
+def test_cuda_conv_tiles_config(B, H, W, c_in, c_out, config):
     from taesd_fast.kernels import cuda_conv_tiles
 
-    cfg = cuda_conv_tiles.tile_config(B, H, W, c_out, 132)
-    assert (cfg.wg, cfg.stages, cfg.bw) == config
+    cfg = cuda_conv_tiles.tile_config(B, H, W, c_in, c_out, 132)
+    assert (cfg.wg, cfg.stages, cfg.bw, cfg.nc) == config
     assert cfg.smem <= 227 * 1024  # an H200 program's shared-memory limit
-    assert cfg.defines == {"WG": config[0], "STAGES": 4, "BW": config[2]}
+    assert cfg.defines == {"WG": config[0], "STAGES": 4, "BW": config[2], "NC": config[3]}
 
 
 def mem(x_shape, c_out=None, frames=2, memory=True, dtype=F16, layout="channels_last", device="cuda:0") -> Spec:

@@ -32,20 +32,21 @@ _failure: list[str] = []  # why it could not compile or launch in this process, 
 @dataclass(frozen=True)
 class TileConfig:
     """wg: consumer warpgroups per program (64 output pixels each); stages: K steps in flight; bw: columns of a
-    warpgroup's box of 64 pixels (64 / bw rows)."""
+    warpgroup's box of 64 pixels (64 / bw rows); nc: channel chunks of 64 per K step."""
 
     wg: int
     stages: int
     bw: int
+    nc: int = 1
 
     @property
     def defines(self) -> dict[str, int]:
-        return {"WG": self.wg, "STAGES": self.stages, "BW": self.bw}
+        return {"WG": self.wg, "STAGES": self.stages, "BW": self.bw, "NC": self.nc}
 
     @property
     def smem(self) -> int:
         """The kernel's SMEM_BYTES plus 1024-byte alignment slack."""
-        stage = self.wg * 8192 + BN * 128
+        stage = self.nc * (self.wg * 8192 + BN * 128)
         return self.stages * stage + self.wg * (BN // 64) * 8192 + 8 * (2 * self.stages + 1) + 1024
 
 
@@ -54,12 +55,16 @@ def box_width(W: int) -> int:
     return min((64, 32, 16, 8), key=lambda bw: (-(-W // bw) * bw, -bw))
 
 
-def tile_config(B: int, H: int, W: int, c_out: int, sms: int) -> TileConfig:
+def tile_config(B: int, H: int, W: int, c_in: int, c_out: int, sms: int) -> TileConfig:
     """One warpgroup per program while the programs fit in one wave, else two: each loads its weight slices once
-    for 128 pixels, and the bytes an SM takes in per MMA set these convs' time. Four stages."""
+    for 128 pixels, and the bytes an SM takes in per MMA set these convs' time. Four stages. One warpgroup takes two
+    channel chunks per K step where C_in allows: its loads are then half as many TMA instructions, and each costs
+    the producer about as much whatever its size (at 8 to 16 KB). Two warpgroups keep one chunk: with two, only
+    three stages fit, which was slower."""
     bw = box_width(W)
     programs = B * -(-H // (64 // bw)) * -(-W // bw) * (c_out // BN)
-    return TileConfig(1 if programs <= sms else 2, 4, bw)
+    wg = 1 if programs <= sms else 2
+    return TileConfig(wg, 4, bw, 2 if wg == 1 and c_in % 128 == 0 else 1)
 
 
 def give_up(error: Exception) -> None:
@@ -84,8 +89,8 @@ def spec_unsupported_reason(spec) -> str | None:
 
 
 def _config(x_shape, c_out: int, device) -> TileConfig:
-    B, _, H, W = x_shape
-    return tile_config(B, H, W, c_out, sm_count(device))
+    B, c_in, H, W = x_shape
+    return tile_config(B, H, W, c_in, c_out, sm_count(device))
 
 
 def spec_ready(spec) -> bool:
@@ -100,15 +105,18 @@ def launch(x: Tensor, wk: Tensor, b: Tensor | None, residual: Tensor | None, out
     [9 * C_out, C_in] (row tap * C_out + c_out, K-major)."""
     B, c_in, H, W = x.shape
     c_out = out.shape[1]
-    w_map = tensor_map(wk, [c_in, 9 * c_out], [c_in], [64, BN])
+    # A K step's nc channel chunks in one box each, the chunk dimension outside the rows (strides need not grow
+    # with the dimension): weights (64 c_in, 9 * c_out rows, chunk), input (64 c, W, H, chunk, B).
+    w_map = tensor_map(wk, [64, 9 * c_out, c_in // 64], [c_in, 64], [64, BN, cfg.nc])
     box = [64, cfg.bw, 64 // cfg.bw, 1]  # 128-byte swizzled: 64 channels x bw columns x 64 / bw rows
+    x_map = tensor_map(x, [64, W, H, c_in // 64, B], [c_in, W * c_in, 64, H * W * c_in], box[:3] + [cfg.nc, 1])
     y_map = nhwc_map(out, box)
     r_map = nhwc_map(residual, box) if residual is not None else y_map
     tiles_w, tiles_h = -(-W // cfg.bw), -(-H // (cfg.wg * 64 // cfg.bw))
     m_tiles = B * tiles_h * tiles_w
     kernel = _backend.get_kernel(SOURCE, KERNEL, cfg.defines, device=x.device)
     kernel((m_tiles * (c_out // BN),), (128 * cfg.wg + 32,),
-           [nhwc_map(x, box), w_map, r_map, y_map, b, c_in, c_out, tiles_w, tiles_h, m_tiles,
+           [x_map, w_map, r_map, y_map, b, c_in, c_out, tiles_w, tiles_h, m_tiles,
             int(residual is not None), int(relu), int(pdl)], smem=cfg.smem, pdl=pdl)
 
 

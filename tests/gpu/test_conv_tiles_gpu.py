@@ -72,11 +72,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("B,c_in,c_out,H,W,bias,residual,relu,wg", CASES)
-def test_tile_conv_matches_float64(B, c_in, c_out, H, W, bias, residual, relu, wg, launches):
+def _builds(case):
+    """(case, stages, nc): each case with one channel chunk per K step, and with two and four where C_in allows (as
+    many stages as fit the shared memory)."""
+    c_in, wg = case[1], case[-1]
+    yield case, 4, 1
+    if c_in % 128 == 0:
+        yield case, 4 if wg == 1 else 3, 2
+    if c_in % 256 == 0 and wg == 1:
+        yield case, 2, 4
+
+
+@pytest.mark.parametrize("case,stages,nc", [b for case in CASES for b in _builds(case)])
+def test_tile_conv_matches_float64(case, stages, nc, launches):
     """The build for each case, three launches on fresh inputs, each within the bound with every element written,
     and a second launch on the same inputs giving the same bits."""
-    cfg = cuda_conv_tiles.TileConfig(wg, 4, cuda_conv_tiles.box_width(W))
+    B, c_in, c_out, H, W, bias, residual, relu, wg = case
+    cfg = cuda_conv_tiles.TileConfig(wg, stages, cuda_conv_tiles.box_width(W), nc)
+    assert cfg.smem <= 227 * 1024
     gen = torch.Generator(device="cuda").manual_seed(B * 1000 + c_in + H + W)
     for _ in range(3):
         x, w, b, r = _make(B, c_in, c_out, H, W, bias, residual, gen)
