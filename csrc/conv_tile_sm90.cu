@@ -3,10 +3,12 @@
 //
 // A program computes WG x 64 output pixels by 128 output channels. Each consumer warpgroup's 64 pixels are one TMA
 // box of BH rows x BW columns of one image (BH * BW = 64); its MMA operand is that box as the TMA writes it, 64 rows
-// of 64 channels with the 128-byte swizzle. The K loop walks 9 taps x C_in / 64 channel chunks; step s loads, per
-// warpgroup, the input box shifted by the tap (dy - 1, dx - 1) (the TMA fills the padding with zeros), and the
-// tap's weight slice [128 c_out][64 c_in] (K-major, the same swizzle). A producer warp issues the loads, STAGES steps
-// ahead, refilling a stage once the consumers release it (an "empty" barrier per stage).
+// of 64 channels with the 128-byte swizzle. The K loop walks 9 taps x C_in / (64 NC) steps of NC channel chunks;
+// step s loads, per warpgroup, the input box shifted by the tap (dy - 1, dx - 1) (the TMA fills the padding with
+// zeros), and the tap's weight slices [128 c_out][64 c_in] (K-major, the same swizzle), NC chunks of each in one
+// TMA instruction: the producer's instructions, not the bytes, pace these loads (BENCHMARKS.md, twenty-sixth
+// session). A producer warp issues them, STAGES steps ahead, refilling a stage once the consumers release it (an
+// "empty" barrier per stage).
 // Epilogue: bias, residual (TMA boxes loaded at the start), ReLU, f16 in the residual's shared memory, TMA stores.
 // With PDL the next kernel may launch once the K loop is done (griddepcontrol.launch_dependents there).
 //
