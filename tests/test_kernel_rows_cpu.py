@@ -224,6 +224,18 @@ def test_cuda_conv_tiles_config(B, H, W, c_in, c_out, config):
     assert cfg.defines == {"WG": config[0], "STAGES": 4, "BW": config[2], "NC": config[3]}
 
 
+def test_cuda_conv_tiles_refuses_a_build_whose_chunks_do_not_divide_c_in():
+    """A K step of two chunks needs C_in in multiples of 128: a build that does not fit the call is refused with a
+    one-line error before anything touches the GPU (the rule never picks one)."""
+    from taesd_fast.kernels import cuda_conv_tiles
+
+    x = torch.zeros(1, 192, 8, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiples of 128, got 192"):
+        cuda_conv_tiles.launch(x, torch.zeros(9 * 128, 192, dtype=torch.float16), None, None,
+                               torch.zeros(1, 128, 8, 8, dtype=torch.float16), False, False,
+                               cuda_conv_tiles.TileConfig(1, 4, 8, 2))
+
+
 def mem(x_shape, c_out=None, frames=2, memory=True, dtype=F16, layout="channels_last", device="cuda:0") -> Spec:
     c = x_shape[1]
     return Spec("mem_conv", device, tuple(x_shape), (c_out or c, 2 * c, 3, 3), dtype, 1, True, memory, True, layout,

@@ -56,11 +56,11 @@ def box_width(W: int) -> int:
 
 
 def tile_config(B: int, H: int, W: int, c_in: int, c_out: int, sms: int) -> TileConfig:
-    """One warpgroup per program while the programs fit in one wave, else two: each loads its weight slices once
-    for 128 pixels, and the bytes an SM takes in per MMA set these convs' time. Four stages. One warpgroup takes two
-    channel chunks per K step where C_in allows: its loads are then half as many TMA instructions, and each costs
-    the producer about as much whatever its size (at 8 to 16 KB). Two warpgroups keep one chunk: with two, only
-    three stages fit, which was slower."""
+    """One warpgroup per program while the programs fit in one wave, else two (one wave of programs, each loading
+    its weight slices once for 128 pixels). Four stages. One warpgroup takes two channel chunks per K step where
+    C_in allows: its loads are then half as many TMA instructions, and each costs the producer about as much
+    whatever its size (at 8 to 16 KB). Two warpgroups keep one chunk: with two, only three stages fit, which was
+    slower."""
     bw = box_width(W)
     programs = B * -(-H // (64 // bw)) * -(-W // bw) * (c_out // BN)
     wg = 1 if programs <= sms else 2
@@ -105,6 +105,8 @@ def launch(x: Tensor, wk: Tensor, b: Tensor | None, residual: Tensor | None, out
     [9 * C_out, C_in] (row tap * C_out + c_out, K-major)."""
     B, c_in, H, W = x.shape
     c_out = out.shape[1]
+    if c_in % (64 * cfg.nc):
+        raise ValueError(f"cuda_conv_tiles build {cfg} takes C_in in multiples of {64 * cfg.nc}, got {c_in}")
     # A K step's nc channel chunks in one box each, the chunk dimension outside the rows (strides need not grow
     # with the dimension): weights (64 c_in, 9 * c_out rows, chunk), input (64 c, W, H, chunk, B).
     w_map = tensor_map(wk, [64, 9 * c_out, c_in // 64], [c_in, 64], [64, BN, cfg.nc])
