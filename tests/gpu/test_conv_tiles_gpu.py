@@ -1,5 +1,6 @@
 """The CUDA tile conv (row "cuda_conv_tiles", kernels/cuda_conv_tiles.py, csrc/conv_tile_sm90.cu) on the GPU: every
-build the row's rule can pick (one or two warpgroups, boxes 64, 32, 16 and 8 columns wide) against float64, with
+build the row's rule can pick (one or two warpgroups, boxes 64, 32, 16 and 8 columns wide, one or two channel chunks
+a K step; four chunks too) against float64, with
 NaN-poisoned outputs and fresh random inputs per launch, the same bits when launched again, edge tiles that the TMA
 clips, graph replay with programmatic dependent launch, and the refusals.
 
