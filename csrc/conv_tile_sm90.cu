@@ -24,27 +24,6 @@
 #define CONSUMERS (WG * 128)
 // Dynamic shared memory: STAGES * STAGE_BYTES + R_BYTES + the barriers (cuda_conv_tiles.TileConfig.smem).
 
-// acc (+)= A[64 px, 16 c_in] x B[16 c_in, 128 c_out]; scale_d = 0 overwrites acc.
-__device__ __forceinline__ void mma(float (&d)[64], unsigned long long a, unsigned long long b, int scale_d) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(scale_d));
-}
-
 struct Tile {
   const TmaMap *x_map, *w_map;
   u32 base, full, empty;
@@ -144,7 +123,8 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
 #pragma unroll
     for (int j = 0; j < NC; ++j)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) mma(acc, desc(a + j * A_BYTES + 32 * k), desc(b + j * B_BYTES + 32 * k), s + j + k > 0);
+      for (int k = 0; k < 4; ++k)
+        mma_m64n128(acc, desc(a + j * A_BYTES + 32 * k), desc(b + j * B_BYTES + 32 * k), s + j + k > 0);
     mma_commit();
     mma_wait_tied<1>(acc);  // step s - 1's MMAs are done (this warp's)
     if (s >= 1 && s - 1 + STAGES < steps) {

@@ -1,5 +1,6 @@
-"""TAEHV's TGrow folded into the TMA conv after it (kernels/triton_conv_tma.py `grow_launch`, used by
-models/taehv/layers.py `grow_conv`): output frame (i, t) is the conv of up(x[i]) with the composed weight w . g_t.
+"""TAEHV's TGrow folded into the conv after it (the grow launches of kernels/triton_conv_tma.py and, at 64 -> 64 with
+the upsample, kernels/cuda_conv_up.py, used by models/taehv/layers.py `grow_conv`): output frame (i, t) is the conv
+of up(x[i]) with the composed weight w . g_t.
 
 Against a float64 TGrow + upsample + conv, on fresh random inputs with NaN-poisoned outputs, three launches per
 shape: within 2x the error of the f16 ops the model runs without the fold (TGrow's 1x1 conv, then the conv), in
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from error_bounds import assert_worst_element_within
 
-from taesd_fast.kernels import conv_contract, triton_conv_tma
+from taesd_fast.kernels import conv_contract, cuda_conv_up, triton_conv_tma
 from taesd_fast.kernels.triton_conv import triton_unavailable_reason
 
 _REASON = "CUDA is not available" if not torch.cuda.is_available() else triton_unavailable_reason("cuda")
@@ -50,8 +51,27 @@ def _rel(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])) + f"_g{s[5]}_u{s[6]}")
-def test_grow_launch_within_2x_of_torch_fp16(shape, monkeypatch):
+def _cuda_up_reason() -> str | None:
+    from taesd_fast.dispatch import Spec
+
+    return cuda_conv_up.spec_unsupported_reason(Spec("conv2d", "cuda:0", (1, 64, 8, 8), (64, 64, 3, 3), torch.float16,
+                                                     1, True, False, True, "channels_last", 2, False))
+
+
+# (kernel, its grow launch as (x, gw, w, b, grow, relu, upsample) -> y, the shapes it takes)
+LAUNCHES = {
+    "triton_conv_tma": (triton_conv_tma.grow_launch, lambda s: True),
+    "cuda_conv_up": (lambda x, gw, w, b, grow, relu, up: cuda_conv_up.grow_launch(x, gw, w, b, grow, relu),
+                     lambda s: s[1:3] == (64, 64) and s[6] == 2),
+}
+
+
+@pytest.mark.parametrize("kernel,shape", [(k, s) for k, (_, takes) in LAUNCHES.items() for s in SHAPES if takes(s)],
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:5])) + f"_g{v[5]}_u{v[6]}")
+def test_grow_launch_within_2x_of_torch_fp16(kernel, shape, monkeypatch):
+    if kernel == "cuda_conv_up" and _cuda_up_reason() is not None:
+        pytest.skip(f"the CUDA upsample conv is unavailable: {_cuda_up_reason()}")
+    grow_launch = LAUNCHES[kernel][0]
     monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
     B, c, cout, H, W, grow, up, relu = shape
     gen = torch.Generator(device="cuda").manual_seed(sum(shape))
@@ -61,7 +81,7 @@ def test_grow_launch_within_2x_of_torch_fp16(shape, monkeypatch):
     first = None
     for launch in range(3):
         x = torch.randn(B, c, H, W, generator=gen, device="cuda").relu().half().contiguous(memory_format=CL)
-        y = triton_conv_tma.grow_launch(x, gw, w, b, grow, relu, up)
+        y = grow_launch(x, gw, w, b, grow, relu, up)
         ref = _grown_then_conv(x.double(), gw.double(), w.double(), b.double(), grow, relu, up)
         low = _grown_then_conv(x, gw, w, b, grow, relu, up)
         assert y.shape == ref.shape and y.is_contiguous(memory_format=CL)
@@ -72,7 +92,7 @@ def test_grow_launch_within_2x_of_torch_fp16(shape, monkeypatch):
         if first is None:
             first = (x, y)
     x, y = first
-    assert torch.equal(triton_conv_tma.grow_launch(x, gw, w, b, grow, relu, up), y)  # deterministic
+    assert torch.equal(grow_launch(x, gw, w, b, grow, relu, up), y)  # deterministic
 
 
 def test_grow_launch_rejects_a_wrong_tgrow_weight():

@@ -175,9 +175,9 @@ def grow_conv(grow: TGrow, conv: DispatchConv2d, x: torch.Tensor, upscale: bool,
     play, TGrow is folded into the conv that way, and its output (`frames` times the input) is never written:
     - one output frame per input frame (TGrow stride 1, or time upscaling off): the dispatcher's conv2d on x with
       the composed weight (`composed_weight`; the shapes of the conv on grow(x), so the same row);
-    - several: where the dispatcher has decided triton_conv_tma for the conv on grow(x), that kernel's grow launch
-      runs it on x with one composed weight per frame (triton_conv_tma.grow_launch; BENCHMARKS.md, seventeenth
-      session).
+    - several: where the dispatcher has decided triton_conv_tma or cuda_conv_up for the conv on grow(x), that
+      kernel's grow launch runs it on x with one composed weight per frame (triton_conv_tma.grow_launch, BENCHMARKS.md,
+      seventeenth session; cuda_conv_up.grow_launch).
     Elsewhere (CPU, backend "torch", torch.compile, autograd, other dtypes, a shape not decided yet): TGrow, then the
     conv, as upstream computes them."""
     frames = grow.stride if upscale else 1
@@ -191,6 +191,10 @@ def grow_conv(grow: TGrow, conv: DispatchConv2d, x: torch.Tensor, upscale: bool,
         from ...kernels import triton_conv_tma  # loaded already: the dispatcher chose its row
 
         return triton_conv_tma.grow_launch(x, grow.conv.weight, conv.weight, conv.bias, frames, relu, upsample)
+    if choice == "cuda_conv_up":
+        from ...kernels import cuda_conv_up  # loaded already: the dispatcher chose its row
+
+        return cuda_conv_up.grow_launch(x, grow.conv.weight, conv.weight, conv.bias, frames, relu)
     return conv(grow(x, upscale), upsample=upsample, relu=relu)
 
 
