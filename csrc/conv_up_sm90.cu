@@ -2,62 +2,38 @@
 // TAEHV's TGrow optionally folded in (G weight groups; output frame = input frame * G + group).
 //
 // The upsample is folded into the weights (kernels/conv_pack.py): output pixel (2i + py, 2j + px) is a 2x2 conv of
-// the low-res input at rows i + py - 1 + r and columns j + px - 1 + s. A program's class is (group t, row phase py),
-// blockIdx.x % (2 G). Its weights stay in shared memory for the whole launch (64 KB: both low-res rows r, each 256
-// rows of 64 input channels, K-major, 128-byte swizzle: the column offset 0 for both column phases [px * 64 + c],
-// then offset -1 (px 0 only), then offset +1 (px 1 only)). So each MMA does only the folded conv's taps, and the
-// 4x larger upsampled tensor is never formed.
+// the low-res input, tap (r, s) at row i + py - 1 + r and column j + px - 1 + s. A program's class is (group t,
+// output phase py, px), blockIdx.x % (4 G); its four taps' weights stay in shared memory for the whole launch (32 KB,
+// [tap][64 c_out][64 c_in], 128-byte swizzle), so each MMA does only the folded conv's taps and the 4x larger
+// upsampled tensor is never formed.
 //
-// The program walks its class's tiles of 8 x 8 low-res pixels. A tile's input is three TMA boxes of 9 rows x 8
-// columns x 64 channels, at column offsets -1, 0, +1 (the TMA fills the padding with zeros); the operand of low-res
-// row r is the box from row r on (8 r rows in, still 1024-byte aligned). Per tile, 8 m64n128k16 and 16 m64n64k16
-// wgmmas give a 64-pixel x 128-column accumulator: the tile's output row phase py, both column phases, 64 channels.
-// Two consumer warpgroups take alternate tiles and turns at the tensor cores, so one's epilogue runs beside the
-// other's MMAs; a producer warp loads tiles STAGES ahead. Epilogue: bias, ReLU, f16 into the warpgroup's staging
-// box (8 output rows of 16 pixels, as the output's 5-D TMA map lays out rows 2i + py), one TMA store.
+// The GEMM is transposed: the accumulator is 64 output channels x 256 low-res pixels (m64n256k16, the weights as
+// the A operand, the pixels as B), a quarter of the wgmma instructions and about half the shared-memory operand
+// bytes per MAC of a 64-pixel x 128-channel tile. A program walks its class's tiles of 16 x 16 low-res pixels; a
+// tile's input is two TMA boxes of 17 rows x 16 columns x 64 channels (column offsets px - 1 and px; the TMA fills
+// the padding with zeros), and tap row r's operand is the box from row r on (2 KB in, still 1024-byte aligned).
+// A producer warp loads tiles STAGES ahead. Epilogue: bias, ReLU, f16, stored transposed (stmatrix .trans: each
+// pixel's 64 channels become one 128-byte swizzled row) into the staging box, then one TMA store through the
+// output's 5-D map of phase px (its rows 2i + py, columns 2j + px).
 //
-// Dynamic shared memory: W_BYTES + STAGES * STAGE_BYTES + 2 * OUT_BYTES + barriers (cuda_conv_up.SMEM).
+// Dynamic shared memory: W_BYTES + STAGES * STAGE_BYTES + OUT_BYTES + barriers + the bias (cuda_conv_up.SMEM).
 
-#define STAGES 4
-#define X_BOX 9216                      // 9 rows x 8 columns x 64 channels, f16
-#define STAGE_BYTES (3 * X_BOX)         // column offsets -1, 0, +1
-#define W_ROWS 256                      // one low-res row's weights: 128 (offset 0) + 64 (-1) + 64 (+1)
-#define W_BYTES (2 * W_ROWS * 128)
-#define OUT_BYTES 16384                 // a warpgroup's staging box: 8 rows x 16 output pixels x 64 channels
-#define CONSUMERS 256
+#define STAGES 2
+#define X_BOX (17 * 16 * 128)           // 17 rows x 16 columns x 64 channels, f16
+#define STAGE_BYTES (2 * X_BOX)         // column offsets px - 1 and px
+#define W_BYTES (4 * 64 * 128)          // four taps x [64 c_out][64 c_in]
+#define OUT_BYTES (256 * 128)           // 256 output pixels x 64 channels
+#define THREADS (128 + 32)              // one consumer warpgroup and the producer warp
 
-// One consumer warpgroup's barrier (named barriers 1 and 2; constant ids, so ptxas reserves only those).
-__device__ __forceinline__ void wg_sync(int wg) {
-  if (wg == 0)
-    asm volatile("bar.sync 1, 128;" ::: "memory");
-  else
-    asm volatile("bar.sync 2, 128;" ::: "memory");
-}
-// The warpgroups take turns at the tensor cores (named barriers 3 and 4: warpgroup g waits on 3 + g, and passes
-// the turn with an arrive on the other's). Warpgroup 0 starts; warpgroup 1's first tile waits for it.
-__device__ __forceinline__ void turn_wait(int wg) {
-  if (wg == 0)
-    asm volatile("bar.sync 3, 256;" ::: "memory");
-  else
-    asm volatile("bar.sync 4, 256;" ::: "memory");
-}
-__device__ __forceinline__ void turn_pass(int wg) {
-  if (wg == 0)
-    asm volatile("bar.arrive 4, 256;" ::: "memory");
-  else
-    asm volatile("bar.arrive 3, 256;" ::: "memory");
-}
-
-extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
     conv_up_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
-                 const __grid_constant__ TmaMap y_map, const u16* bias, int groups, int tiles_w, int tiles_h,
-                 int tiles, int relu, int pdl) {
+                 const __grid_constant__ TmaMap y_map0, const __grid_constant__ TmaMap y_map1, const u16* bias,
+                 int groups, int tiles_w, int tiles_h, int tiles, int relu, int pdl) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle pattern repeats every 1024 bytes
   u32 w_s = base, x_s = base + W_BYTES, out_s = x_s + STAGES * STAGE_BYTES;
-  u32 full = out_s + 2 * OUT_BYTES, empty = full + 8 * STAGES, w_bar = empty + 8 * STAGES;
-  u32 bias_s = w_bar + 8;  // 64 floats: the bias, read in the epilogue (as registers it would spill)
-  int classes = 2 * groups, cls = blockIdx.x % classes, py = cls % 2, group = cls / 2;
+  u32 full = out_s + OUT_BYTES, empty = full + 8 * STAGES, w_bar = empty + 8 * STAGES;
+  int classes = 4 * groups, cls = blockIdx.x % classes, px = cls % 2, py = (cls / 2) % 2, group = cls / 4;
   int first = blockIdx.x / classes, step = gridDim.x / classes;
   int n = first < tiles ? (tiles - 1 - first) / step + 1 : 0;  // this program's tiles: first + j * step
   int tid = threadIdx.x;
@@ -70,17 +46,15 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
     mbar_init(w_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (tid < 64)
-    reinterpret_cast<float*>(smem_raw + (bias_s - smem_u32(smem_raw)))[tid] = bias ? h2f(ldg_u16(bias + tid)) : 0.f;
   __syncthreads();
-  if (tid == CONSUMERS) {
+  if (tid == 128) {
     // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
     mbar_expect_tx(w_bar, W_BYTES);
-    for (int r = 0; r < 2; ++r) tma_load_2d(w_s + r * W_ROWS * 128, &w_map, w_bar, 0, (2 * cls + r) * W_ROWS);
+    tma_load_2d(w_s, &w_map, w_bar, 0, 256 * cls);
   }
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (__shfl_sync(0xffffffffu, tid / 32, 0) == CONSUMERS / 32) {  // warp-uniform, so ptxas keeps the wgmmas async
-    if (tid != CONSUMERS) return;
+  if (__shfl_sync(0xffffffffu, tid / 32, 0) == 4) {  // the producer warp (warp-uniform: the wgmmas stay async)
+    if (tid != 128) return;
     for (int j = 0; j < n; ++j) {
       int stage = j % STAGES, i = first + j * step;
       if (j >= STAGES) mbar_wait(empty + 8 * stage, (j / STAGES - 1) & 1);
@@ -88,82 +62,70 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
       u32 bar = full + 8 * stage;
       mbar_expect_tx(bar, STAGE_BYTES);
 #pragma unroll
-      for (int d = 0; d < 3; ++d)
-        tma_load_4d(x_s + stage * STAGE_BYTES + d * X_BOX, &x_map, bar, 0, 8 * tx + d - 1, 8 * ty + py - 1, img);
+      for (int s = 0; s < 2; ++s)
+        tma_load_4d(x_s + stage * STAGE_BYTES + s * X_BOX, &x_map, bar, 0, 16 * tx + px - 1 + s, 16 * ty + py - 1,
+                    img);
     }
     return;
   }
 
-  int wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid % 32, warp = (tid / 32) % 4;
-  u32 staging = out_s + wg * OUT_BYTES;
-  unsigned char* stage_out = smem_raw + (staging - smem_u32(smem_raw));  // the same bytes, as a pointer
-  const float* bias_f = reinterpret_cast<const float*>(smem_raw + (bias_s - smem_u32(smem_raw)));
+  int lane = tid % 32, warp = tid / 32;
+  // This thread's accumulator rows (output channels) are warp * 16 + lane / 4 + {0, 8}.
+  float bias0 = bias ? h2f(ldg_u16(bias + warp * 16 + lane / 4)) : 0.f;
+  float bias1 = bias ? h2f(ldg_u16(bias + warp * 16 + lane / 4 + 8)) : 0.f;
+  const TmaMap* y_map = px ? &y_map1 : &y_map0;
   mbar_wait(w_bar, 0);
 
-  // acc: offset 0, both column phases (64 px + c); lo, hi: offsets -1 (phase 0) and +1 (phase 1), added in the
-  // epilogue (a wgmma on part of another's accumulator makes ptxas serialize them all: C7511).
-  float acc[64], lo[32], hi[32];
-  for (int j = wg; j < n; j += 2) {
+  float acc[128];
+  for (int j = 0; j < n; ++j) {
     int stage = j % STAGES, i = first + j * step;
     mbar_wait(full + 8 * stage, (j / STAGES) & 1);
     u32 xs = x_s + stage * STAGE_BYTES;
-    if (j > 0) turn_wait(wg);  // the other warpgroup's MMAs are done: this one's run beside its epilogue
     mma_fence();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      u32 w = w_s + r * W_ROWS * 128, a = xs + r * 1024;
+    for (int tap = 0; tap < 4; ++tap)  // tap (r, s) = (tap / 2, tap % 2)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) mma_m64n128(acc, desc(a + X_BOX + 32 * k), desc(w + 32 * k), r + k > 0);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) mma_m64n64(lo, desc(a + 32 * k), desc(w + 128 * 128 + 32 * k), r + k > 0);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) mma_m64n64(hi, desc(a + 2 * X_BOX + 32 * k), desc(w + 192 * 128 + 32 * k), r + k > 0);
-    }
+      for (int k = 0; k < 4; ++k)
+        mma_m64n256(acc, desc(w_s + tap * 8192 + 32 * k), desc(xs + (tap % 2) * X_BOX + (tap / 2) * 2048 + 32 * k),
+                    tap + k > 0);
     mma_commit();
     mma_wait_tied<0>(acc);
-    mma_wait_tied<0>(lo);
-    mma_wait_tied<0>(hi);
-    turn_pass(wg);
-    // The warpgroup is done with the stage; its last TMA store has read the staging box.
-    if (tid % 128 == 0) tma_store_wait_read();
-    wg_sync(wg);
-    if (tid % 128 == 0) mbar_arrive(empty + 8 * stage, 1);
+    // Done with the stage; the last TMA store has read the staging box.
+    if (tid == 0) tma_store_wait_read();
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+    if (tid == 0) mbar_arrive(empty + 8 * stage, 1);
 
-    // Accumulator element (low-res pixel m = 8 yl + xl, column 64 px + c) -> output pixel (row 2 yl + py, column
-    // 2 xl + px): staging row 16 yl + 2 xl + px, 128-byte swizzled. A thread holds both column phases of its pixels;
-    // lanes with xl >= 4 store phase 1 first, so that each store's eight rows fill all eight 16-byte bank groups.
-    // Plain C++ shared-memory accesses, so the compiler overlaps them (the fence below orders them for the TMA).
+    // Accumulator element (channel c = row, pixel p = column 8 n8 + 2 (lane % 4) + e): stmatrix .trans stores each
+    // 8 x 8 block (8 channels of 8 pixels) as 8 pixel rows of 16 bytes; staging row p, 16-byte chunk c / 8,
+    // 128-byte swizzled. One x4 call: blocks (n8, channel half 0 / 1) and (n8 + 1, 0 / 1); lane L gives the row
+    // address of block L / 8, pixel L % 8.
+    int blk = lane / 8, p_in = lane % 8;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      int xl = lane / 4, swap = xl >= 4, first_row = 16 * (2 * warp + half) + 2 * xl + swap;
+    for (int n8 = 0; n8 < 32; n8 += 2) {
+      u32 v[4];
 #pragma unroll
-      for (int n8 = 0; n8 < 8; ++n8) {
-        int e = 4 * n8 + 2 * half;
-        float b0 = bias_f[8 * n8 + 2 * (lane % 4)], b1 = bias_f[8 * n8 + 2 * (lane % 4) + 1];
-        float v0 = acc[e] + lo[e] + b0, v1 = acc[e + 1] + lo[e + 1] + b1;                  // column phase 0
-        float w0 = acc[32 + e] + hi[e] + b0, w1 = acc[32 + e + 1] + hi[e + 1] + b1;        // column phase 1
+      for (int q = 0; q < 4; ++q) {  // block q: pixels of n8 + q / 2, channel half q % 2
+        int e = 4 * (n8 + q / 2) + 2 * (q % 2);
+        float b = q % 2 ? bias1 : bias0, v0 = acc[e] + b, v1 = acc[e + 1] + b;
         if (relu) {
           v0 = fmaxf(v0, 0.f);
           v1 = fmaxf(v1, 0.f);
-          w0 = fmaxf(w0, 0.f);
-          w1 = fmaxf(w1, 0.f);
         }
-        u32 p0 = (u32)f2h(v0) | ((u32)f2h(v1) << 16), p1 = (u32)f2h(w0) | ((u32)f2h(w1) << 16);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          int row = first_row ^ k;
-          *reinterpret_cast<u32*>(stage_out + row * 128 + ((n8 ^ (row % 8)) * 16) + (lane % 4) * 4) =
-              (swap ^ k) ? p1 : p0;
-        }
+        v[q] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
       }
+      int p = 8 * (n8 + blk / 2) + p_in, chunk = 2 * warp + blk % 2;
+      u32 addr = out_s + p * 128 + ((chunk ^ (p % 8)) * 16);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]),
+                   "r"(v[1]), "r"(v[2]), "r"(v[3])
+                   : "memory");
     }
     fence_async_shared();
-    wg_sync(wg);
-    if (tid % 128 == 0) {
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+    if (tid == 0) {
       int tx = i % tiles_w, rest = i / tiles_w, ty = rest % tiles_h, img = rest / tiles_h;
-      tma_store_5d(&y_map, staging, 0, 16 * tx, py, 8 * ty, img * groups + group);
+      tma_store_5d(y_map, out_s, 0, 16 * tx, py, 16 * ty, img * groups + group);
     }
   }
   if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (tid % 128 == 0) tma_store_wait_read();
+  if (tid == 0) tma_store_wait_read();
 }

@@ -1,7 +1,7 @@
 """The CUDA upsample conv's packed weights (kernels/cuda_conv_up.py `pack_classes`) on the CPU: a float64 model of
-the kernel's indexing (csrc/conv_up_sm90.cu: per class (group, row phase), two low-res rows of [offset 0 for both
-column phases | offset -1 | offset +1]) gives conv3x3(up2(g(x))) within the f16 rounding of the folded weights, and
-the row's rule takes only what the kernel does."""
+the kernel's indexing (csrc/conv_up_sm90.cu: per class (group, output phase py, px), four taps of [C_out][C_in])
+gives conv3x3(up2(g(x))) within the f16 rounding of the folded weights, and the row's rule takes only what the
+kernel does."""
 
 from __future__ import annotations
 
@@ -15,24 +15,20 @@ from taesd_fast.kernels import conv_pack, cuda_conv_up
 
 def _kernel_model(x: torch.Tensor, wp: torch.Tensor, groups: int) -> torch.Tensor:
     """What the kernel computes from x [B, 64, H, W] and the packed weights, in float64: output frame
-    i * groups + t, pixel (2 y + py, 2 x + px) = the sum over r of W[t, py, r] applied to x at row y + py - 1 + r,
-    columns x - 1, x, x + 1."""
+    i * groups + t, pixel (2 y + py, 2 x + px) = the sum over taps (r, s) of W[t, py, px, r, s] applied to x at row
+    y + py - 1 + r, column x + px - 1 + s (zero outside the image)."""
     B, c, H, W = x.shape
     xp = F.pad(x.double(), (1, 1, 1, 1))  # the TMA's zero fill
-    blocks = wp.double().view(groups, 2, 2, cuda_conv_up.W_ROWS, c)
-    out = torch.zeros(B, groups, blocks.shape[3] // 4, 2 * H, 2 * W, dtype=torch.float64)
+    taps = wp.double().view(groups, 2, 2, 2, 2, c, c)  # [t, py, px, r, s, C_out, C_in]
+    out = torch.zeros(B, groups, c, 2 * H, 2 * W, dtype=torch.float64)
     for t in range(groups):
         for py in range(2):
-            for r in range(2):
-                rows = xp[:, :, py + r: py + r + H]  # low-res rows y + py - 1 + r
-                left, mid, right = (rows[..., d: d + W] for d in range(3))
-                blk = blocks[t, py, r]
-                for px in range(2):
-                    y = torch.einsum("oc,bchw->bohw", blk[px * c:(px + 1) * c], mid)
-                    side = (blk[128:192], left) if px == 0 else (blk[192:256], right)
-                    y = y + torch.einsum("oc,bchw->bohw", side[0], side[1])
-                    out[:, t, :, py::2, px::2] += y
-    return out.reshape(B * groups, -1, 2 * H, 2 * W)
+            for px in range(2):
+                for r in range(2):
+                    for s in range(2):
+                        window = xp[:, :, py + r: py + r + H, px + s: px + s + W]
+                        out[:, t, :, py::2, px::2] += torch.einsum("oc,bchw->bohw", taps[t, py, px, r, s], window)
+    return out.reshape(B * groups, c, 2 * H, 2 * W)
 
 
 @pytest.mark.parametrize("groups,H,W", [(1, 5, 7), (2, 6, 4)])
@@ -44,7 +40,7 @@ def test_packed_classes_give_the_upsample_conv(groups, H, W):
     gw = torch.randn(groups * c, c, 1, 1, generator=gen, dtype=torch.float64) / c ** 0.5
     composed = conv_pack.compose_grow(w, gw) if groups > 1 else w.unsqueeze(0)
     wp = cuda_conv_up.pack_classes(composed)
-    assert wp.dtype == torch.float16 and wp.shape == (groups * 4 * cuda_conv_up.W_ROWS, c)
+    assert wp.dtype == torch.float16 and wp.shape == (groups * 16 * c, c)
     g = F.conv2d(x, gw).view(2, groups, c, H, W).reshape(2 * groups, c, H, W) if groups > 1 else x
     ref = F.conv2d(F.interpolate(g, scale_factor=2, mode="nearest"), w, padding=1)
     got = _kernel_model(x, wp, groups)

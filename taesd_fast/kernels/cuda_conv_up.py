@@ -1,6 +1,6 @@
 """The upsample-fold conv in CUDA C++ (row "cuda_conv_up"; csrc/conv_up_sm90.cu, compiled with NVRTC for sm_90a):
 conv3x3(nearest_up2(x)) + bias (+ ReLU) at 64 -> 64 channels, the upsample folded into the weights (conv_pack's
-phases), each program keeping its class's weights in shared memory and walking tiles of 8 x 8 low-res pixels. It is
+phases), each program keeping its class's weights in shared memory and walking tiles of 16 x 16 low-res pixels. It is
 built for TAEHV's full-resolution up conv, the largest single conv of a decode step; `grow_launch` folds the TGrow
 before it in as well (models/taehv/layers.py grow_conv), so TGrow's output is never written.
 
@@ -26,10 +26,10 @@ from .tma_pdl import aligned_nhwc, pdl_args
 NAME = "cuda_conv_up"
 SOURCE, KERNEL = "conv_up_sm90.cu", "conv_up_sm90"
 C = 64  # channels in and out
-W_ROWS = 256  # weight rows per low-res row of a class: offset 0 (both column phases), offset -1, offset +1
-# conv_up_sm90.cu's shared memory: weights, 4 stages of three input boxes, two staging boxes, 9 barriers, the bias,
-# and 1024-byte alignment slack.
-SMEM = 2 * W_ROWS * 128 + 4 * 3 * 9216 + 2 * 16384 + 8 * 9 + 4 * C + 1024
+TILE = 16  # a program's tiles: TILE x TILE low-res pixels
+# conv_up_sm90.cu's shared memory: the class's weights (4 taps of 64 x 64), 2 stages of two input boxes (17 x 16
+# pixels), the staging box, 5 barriers, and 1024-byte alignment slack.
+SMEM = 4 * C * 128 + 2 * 2 * (TILE + 1) * TILE * 128 + TILE * TILE * 128 + 8 * 5 + 1024
 
 _failure: list[str] = []  # why it could not compile or launch in this process, once it could not
 
@@ -62,17 +62,14 @@ def spec_ready(spec) -> bool:
 
 
 def pack_classes(groups: Tensor) -> Tensor:
-    """Weight groups [G, 64, 64, 3, 3] (fp32 or float64) -> f16 [G * 2 * 2 * 256, 64], the kernel's resident
-    weights: for group t, output row phase py and low-res row r (offset py - 1 + r), 256 rows [C_out][C_in] (K-major):
-    column offset 0 for column phases 0 and 1 (rows px * 64 + c_out), then offset -1 (phase 0), then +1 (phase 1).
-    The upsample fold's sums are conv_pack's (fp32), rounded to f16 once."""
+    """Weight groups [G, 64, 64, 3, 3] (fp32 or float64) -> f16 [G * 4 * 4 * 64, 64], the kernel's resident weights:
+    for group t and output phase (py, px), its four taps (r, s) (the low-res input at row offset py - 1 + r, column
+    offset px - 1 + s), each [C_out][C_in] (K-major). The upsample fold's sums are conv_pack's (fp32), rounded to f16
+    once."""
     rows = []
     for w in groups:
-        phase = fold_upsample_weight(w)  # [py * 2 + px, C_out, C_in, r, s]; tap s reads column j + px - 1 + s
-        for py in range(2):
-            p0, p1 = phase[2 * py], phase[2 * py + 1]
-            for r in range(2):
-                rows += [p0[:, :, r, 1], p1[:, :, r, 0], p0[:, :, r, 0], p1[:, :, r, 1]]
+        phase = fold_upsample_weight(w)  # [py * 2 + px, C_out, C_in, r, s]
+        rows += [phase[ph, :, :, r, s] for ph in range(4) for r in range(2) for s in range(2)]
     return torch.cat(rows).to(torch.float16).contiguous()
 
 
@@ -80,16 +77,19 @@ def launch(x: Tensor, wp: Tensor, groups: int, b: Tensor | None, out: Tensor, re
     """x [B, 64, H, W] channels_last f16, 16-byte aligned; wp: pack_classes of `groups` weights; out [B * groups,
     64, 2H, 2W] channels_last (frame i * groups + t from input frame i and group t)."""
     B, _, H, W = x.shape
-    x_map = nhwc_map(x, [C, 8, 9, 1])  # 9 rows x 8 columns: a tile's 8 rows plus the phase's second row
-    w_map = tensor_map(wp, [C, wp.shape[0]], [C], [C, W_ROWS])
-    # Output rows as (row phase, low-res row): a warpgroup's tile is 8 rows of one phase, 16 pixels wide.
-    y_map = tensor_map(out, [C, 2 * W, 2, H, B * groups], [C, 2 * W * C, 4 * W * C, 4 * H * W * C], [C, 16, 1, 8, 1])
-    tiles_w, tiles_h = -(-W // 8), -(-H // 8)
+    x_map = nhwc_map(x, [C, TILE, TILE + 1, 1])  # a tile's rows plus the phase's second tap row
+    w_map = tensor_map(wp, [C, wp.shape[0]], [C], [C, 4 * C])
+    # The output of column phase px (from element px * 64 on) as (c, low-res column, row phase, low-res row, frame):
+    # a tile's 256 pixels of one phase are one box.
+    flat = out.permute(0, 2, 3, 1).reshape(-1)  # a view: channels_last memory is [frame, H, W, C]
+    dims, strides = [C, W, 2, H, B * groups], [2 * C, 2 * W * C, 4 * W * C, 4 * H * W * C]
+    y_maps = [tensor_map(flat[px * C:], dims, strides, [C, TILE, 1, TILE, 1]) for px in range(2)]
+    tiles_w, tiles_h = -(-W // TILE), -(-H // TILE)
     tiles = B * tiles_h * tiles_w
-    classes = 2 * groups
-    programs = classes * max(1, min(sm_count(x.device) // classes, -(-tiles // 2)))
+    classes = 4 * groups
+    programs = classes * max(1, min(sm_count(x.device) // classes, tiles))
     kernel = _backend.get_kernel(SOURCE, KERNEL, None, device=x.device)
-    kernel((programs,), (288,), [x_map, w_map, y_map, b, groups, tiles_w, tiles_h, tiles, int(relu), int(pdl)],
+    kernel((programs,), (160,), [x_map, w_map, *y_maps, b, groups, tiles_w, tiles_h, tiles, int(relu), int(pdl)],
            smem=SMEM, pdl=pdl)
 
 
