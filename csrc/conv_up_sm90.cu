@@ -7,16 +7,17 @@
 // [tap][64 c_out][64 c_in], 128-byte swizzle), so each MMA does only the folded conv's taps and the 4x larger
 // upsampled tensor is never formed.
 //
-// The GEMM is transposed: the accumulator is 64 output channels x 256 low-res pixels (m64n256k16, the weights as
-// the A operand, the pixels as B), a quarter of the wgmma instructions and about half the shared-memory operand
-// bytes per MAC of a 64-pixel x 128-channel tile. A program walks its class's tiles of 16 x 16 low-res pixels; a
-// tile's input is two TMA boxes of 17 rows x 16 columns x 64 channels (column offsets px - 1 and px; the TMA fills
-// the padding with zeros), and tap row r's operand is the box from row r on (2 KB in, still 1024-byte aligned).
-// A producer warp loads tiles STAGES ahead. Epilogue: bias, ReLU, f16, stored transposed (stmatrix .trans: each
-// pixel's 64 channels become one 128-byte swizzled row) into the staging box, then one TMA store through the
-// output's 5-D map of phase px (its rows 2i + py, columns 2j + px).
+// The GEMM is transposed: the accumulator rows are the 64 output channels and its columns low-res pixels (the
+// weights as the A operand, the pixels as B, m64n128k16). A program walks its class's tiles of 16 x 16 low-res
+// pixels; a tile's input is two TMA boxes of 17 rows x 16 columns x 64 channels (column offsets px - 1 and px; the
+// TMA fills the padding with zeros), and tap row r's operand is the box from row r on (2 KB in, 1024-byte aligned).
+// A producer warp loads tiles STAGES ahead. The accumulator is two of 64 x 128 (the tile's low-res rows 0-7 and
+// 8-15), so that each half's epilogue runs while the tensor cores take the other half's MMAs (the second half's
+// beside the next tile's first). Epilogue: bias, ReLU, f16, stored transposed (stmatrix .trans: each pixel's 64
+// channels become one 128-byte swizzled row) into its staging half, then one TMA store through the output's 5-D
+// map of phase px (its rows 2i + py, columns 2j + px).
 //
-// Dynamic shared memory: W_BYTES + STAGES * STAGE_BYTES + OUT_BYTES + barriers + the bias (cuda_conv_up.SMEM).
+// Dynamic shared memory: W_BYTES + STAGES * STAGE_BYTES + OUT_BYTES + the barriers (cuda_conv_up.SMEM).
 
 #define STAGES 2
 #define X_BOX (17 * 16 * 128)           // 17 rows x 16 columns x 64 channels, f16
@@ -24,6 +25,55 @@
 #define W_BYTES (4 * 64 * 128)          // four taps x [64 c_out][64 c_in]
 #define OUT_BYTES (256 * 128)           // 256 output pixels x 64 channels
 #define THREADS (128 + 32)              // one consumer warpgroup and the producer warp
+
+// One accumulator's MMAs for a tile: half h (its low-res rows 8h .. 8h + 7) of every tap (r, s) = (tap / 2,
+// tap % 2), the weights (A) at w, the tile's boxes at xs (B: box s from row r + 8h on).
+__device__ __forceinline__ void issue(float (&acc)[64], u32 w, u32 xs, int h) {
+  mma_fence();
+#pragma unroll
+  for (int tap = 0; tap < 4; ++tap)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      mma_m64n128(acc, desc(w + tap * 8192 + 32 * k),
+                  desc(xs + (tap % 2) * X_BOX + (tap / 2) * 2048 + h * 16384 + 32 * k), tap + k > 0);
+  mma_commit();
+}
+
+// One accumulator's epilogue: bias, ReLU, f16, stored transposed into the staging half at `staging`, then one TMA
+// store of its 8 x 16 low-res pixels (rows 8 * row8 .. + 7 of phase py) into output frame `frame`. Accumulator
+// element (channel c = row, pixel p = column 8 n8 + 2 (lane % 4) + e): stmatrix .trans stores each 8 x 8 block
+// (8 channels of 8 pixels) as 8 pixel rows of 16 bytes; staging row p, 16-byte chunk c / 8, 128-byte swizzled. One
+// x4 call: blocks (n8, channel half 0 / 1) and (n8 + 1, 0 / 1); lane L gives the row address of block L / 8, pixel
+// L % 8. The store of this half from the last tile must have read the staging first (at most the other half's
+// store still reading).
+__device__ __forceinline__ void store_half(const float (&acc)[64], u32 staging, const TmaMap* y_map, float bias0,
+                                           float bias1, int relu, int tx, int py, int row8, int frame) {
+  int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, blk = lane / 8, p_in = lane % 8;
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+#pragma unroll
+  for (int n8 = 0; n8 < 16; n8 += 2) {
+    u32 v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // block q: pixels of n8 + q / 2, channel half q % 2
+      int e = 4 * (n8 + q / 2) + 2 * (q % 2);
+      float b = q % 2 ? bias1 : bias0, v0 = acc[e] + b, v1 = acc[e + 1] + b;
+      if (relu) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+      }
+      v[q] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
+    }
+    int p = 8 * (n8 + blk / 2) + p_in, chunk = 2 * warp + blk % 2;
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                     staging + p * 128 + ((chunk ^ (p % 8)) * 16)),
+                 "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+  }
+  fence_async_shared();
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  if (tid == 0) tma_store_5d(y_map, staging, 0, 16 * tx, py, 8 * row8, frame);
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     conv_up_sm90(const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
@@ -76,56 +126,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const TmaMap* y_map = px ? &y_map1 : &y_map0;
   mbar_wait(w_bar, 0);
 
-  float acc[128];
+  // Two accumulators, each 64 channels x 128 pixels (a tile's low-res rows 0-7 and 8-15, two m64n128k16 chains):
+  // one half's epilogue runs while the tensor cores take the other half's MMAs.
+  float acc_a[64], acc_b[64];
+  int last_tx = 0, last_ty = 0, last_frame = 0;  // the tile whose second half waits for its epilogue
   for (int j = 0; j < n; ++j) {
-    int stage = j % STAGES, i = first + j * step;
+    int i = first + j * step, stage = j % STAGES;
+    int tx = i % tiles_w, rest = i / tiles_w, ty = rest % tiles_h, frame = (rest / tiles_h) * groups + group;
     mbar_wait(full + 8 * stage, (j / STAGES) & 1);
-    u32 xs = x_s + stage * STAGE_BYTES;
-    mma_fence();
-#pragma unroll
-    for (int tap = 0; tap < 4; ++tap)  // tap (r, s) = (tap / 2, tap % 2)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        mma_m64n256(acc, desc(w_s + tap * 8192 + 32 * k), desc(xs + (tap % 2) * X_BOX + (tap / 2) * 2048 + 32 * k),
-                    tap + k > 0);
-    mma_commit();
-    mma_wait_tied<0>(acc);
-    // Done with the stage; the last TMA store has read the staging box.
-    if (tid == 0) tma_store_wait_read();
-    asm volatile("bar.sync 1, 128;" ::: "memory");
+    issue(acc_a, w_s, x_s + stage * STAGE_BYTES, 0);
+    if (j > 0) {  // the last tile's second half (retired: at most this tile's first half in flight)
+      mma_wait_tied<1>(acc_b);
+      store_half(acc_b, out_s + OUT_BYTES / 2, y_map, bias0, bias1, relu, last_tx, py, 2 * last_ty + 1, last_frame);
+    }
+    issue(acc_b, w_s, x_s + stage * STAGE_BYTES, 1);
+    mma_wait_tied<1>(acc_a);
+    store_half(acc_a, out_s, y_map, bias0, bias1, relu, tx, py, 2 * ty, frame);
+    mma_wait_tied<0>(acc_b);
+    asm volatile("bar.sync 1, 128;" ::: "memory");  // every warp is done with the stage
     if (tid == 0) mbar_arrive(empty + 8 * stage, 1);
-
-    // Accumulator element (channel c = row, pixel p = column 8 n8 + 2 (lane % 4) + e): stmatrix .trans stores each
-    // 8 x 8 block (8 channels of 8 pixels) as 8 pixel rows of 16 bytes; staging row p, 16-byte chunk c / 8,
-    // 128-byte swizzled. One x4 call: blocks (n8, channel half 0 / 1) and (n8 + 1, 0 / 1); lane L gives the row
-    // address of block L / 8, pixel L % 8.
-    int blk = lane / 8, p_in = lane % 8;
-#pragma unroll
-    for (int n8 = 0; n8 < 32; n8 += 2) {
-      u32 v[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // block q: pixels of n8 + q / 2, channel half q % 2
-        int e = 4 * (n8 + q / 2) + 2 * (q % 2);
-        float b = q % 2 ? bias1 : bias0, v0 = acc[e] + b, v1 = acc[e + 1] + b;
-        if (relu) {
-          v0 = fmaxf(v0, 0.f);
-          v1 = fmaxf(v1, 0.f);
-        }
-        v[q] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
-      }
-      int p = 8 * (n8 + blk / 2) + p_in, chunk = 2 * warp + blk % 2;
-      u32 addr = out_s + p * 128 + ((chunk ^ (p % 8)) * 16);
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]),
-                   "r"(v[1]), "r"(v[2]), "r"(v[3])
-                   : "memory");
-    }
-    fence_async_shared();
-    asm volatile("bar.sync 1, 128;" ::: "memory");
-    if (tid == 0) {
-      int tx = i % tiles_w, rest = i / tiles_w, ty = rest % tiles_h, img = rest / tiles_h;
-      tma_store_5d(y_map, out_s, 0, 16 * tx, py, 16 * ty, img * groups + group);
-    }
+    last_tx = tx, last_ty = ty, last_frame = frame;
   }
+  if (n > 0)
+    store_half(acc_b, out_s + OUT_BYTES / 2, y_map, bias0, bias1, relu, last_tx, py, 2 * last_ty + 1, last_frame);
   if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (tid == 0) tma_store_wait_read();
 }

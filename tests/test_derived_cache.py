@@ -61,3 +61,20 @@ def test_also_tensors_rebuild_the_same_entry():
     build, calls = _counting(lambda: w * v)
     cache.get(w, "wv", build, also=(v,))
     assert len(calls) == 1  # an inference tensor among them: rebuilt every time
+
+
+def test_has_says_whether_get_would_build():
+    """has() is True exactly when get() would return the cached tensor (same tag, unchanged src and `also`)."""
+    cache = DerivedCache()
+    w, g = torch.randn(4), torch.randn(4)
+    assert not cache.has(w, "t", also=(g,))
+    cache.get(w, "t", lambda: w + g, also=(g,))
+    assert cache.has(w, "t", also=(g,)) and not cache.has(w, "other", also=(g,))
+    g.add_(1.0)  # a change to an `also` tensor: get would rebuild
+    assert not cache.has(w, "t", also=(g,))
+    cache.get(w, "t", lambda: w + g, also=(g,))
+    w.add_(1.0)
+    assert not cache.has(w, "t", also=(g,))
+    with torch.inference_mode():
+        v = torch.randn(3)
+    assert not cache.has(v, "t")  # never cached

@@ -22,8 +22,8 @@ from ..kernels import rows as kernel_rows
 from . import decide, store, tuner
 from .calls import conv2d, conv2d_choice, head_conv, head_full, mem_conv
 from .decide import (
-    MARGIN, MODES, TUNING_MODES, Record, backend, get_backend, get_tuning, graph_timing, set_backend, set_tuning,
-    tuning,
+    MARGIN, MODES, TUNING_MODES, Record, backend, capture_again, get_backend, get_tuning, graph_timing, set_backend,
+    set_tuning, tuning,
 )
 from .report import dispatch_table, rows_of, tune
 from .spec import Spec
@@ -35,7 +35,7 @@ from .tuner import TuningStatus
 __all__ = [
     "conv2d", "conv2d_choice", "mem_conv", "head_conv", "head_full", "soft_clamp", "backend", "set_backend",
     "get_backend", "tuning", "set_tuning", "get_tuning", "graph_timing", "dispatch_table", "rows_of", "tune",
-    "clear_cache", "generation",
+    "clear_cache", "generation", "capture_again",
     "wait_for_tuning", "tuning_status", "TuningStatus", "Spec", "Row", "ROWS", "DEFAULT_ORDER", "Record",
     "poll", "prepare", "store_timings", "MODES", "TUNING_MODES", "MARGIN", "kernel_chosen",
 ]

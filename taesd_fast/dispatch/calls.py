@@ -59,7 +59,7 @@ def _miss(key: tuple, mode: str, graph: bool, args: tuple) -> decide.Record:
         # its decisions were replaced. PyTorch runs in this graph, and the deferral mark makes it stale at the next
         # dispatch.poll, so the call after captures again with the kernel warmed up.
         if mode == "auto":
-            decide.state.deferred = True
+            decide.capture_again()
         return decide.Record(spec, table.reference(spec.kind).name, f"{rec.why}; kernel not run before capture",
                              rec.ms, rec.skipped, table.reference(spec.kind).run)
     if sub or not in_capture:

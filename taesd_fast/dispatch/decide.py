@@ -271,6 +271,13 @@ def defer(spec: Spec) -> Record:
     return _record(spec, table.reference(spec.kind).name, "PyTorch while the kernel modules are imported", {}, {})
 
 
+def capture_again() -> None:
+    """A call inside a CUDA-graph capture ran PyTorch, or a simpler form, because what its kernel needs could not be
+    prepared there (loading a module, packing a weight): graphs captured now are captured again once the next
+    dispatch.poll finds no imports running (`end_deferral`), and that call's warm-up prepares it."""
+    state.deferred = True
+
+
 def end_deferral() -> None:
     """Once the imports are done (dispatch.poll): graphs captured with deferred calls are captured again."""
     with lock:

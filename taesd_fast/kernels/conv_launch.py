@@ -15,8 +15,8 @@ from .conv_contract import check_conv_args, conv_shape_reason, new_out
 from .device import is_sm90
 from .tma_pdl import aligned_nhwc, pdl_args
 
-__all__ = ["ConvCall", "contiguous_bias", "conv_row_run", "launch_checked", "mark_launched", "mem_operands",
-           "on_device", "prepare", "route", "sm90_spec_reason", "spec_launched"]
+__all__ = ["ConvCall", "contiguous_bias", "conv_row_run", "launch_checked", "launched", "mark_launched",
+           "mem_operands", "on_device", "prepare", "route", "sm90_spec_reason", "spec_launched"]
 
 
 @dataclass
@@ -124,6 +124,13 @@ def mark_launched(variant: str, x: Tensor, w: Tensor, stride: int, upsample: int
                   residual: bool, relu: bool, extra=()) -> None:
     """Record a successful launch. extra: what else selects the compiled binary (a config, the input shape)."""
     _launched.add(_key(variant, x.device, x.shape, w.shape, stride, upsample, pre_clamp, bias, residual, relu, extra))
+
+
+def launched(variant: str, x: Tensor, w: Tensor, stride: int, upsample: int, pre_clamp: bool, bias: bool,
+             residual: bool, relu: bool, extra=()) -> bool:
+    """Whether a launch with these arguments (as mark_launched records them) ran in this process."""
+    key = _key(variant, x.device, x.shape, w.shape, stride, upsample, pre_clamp, bias, residual, relu, extra)
+    return key in _launched
 
 
 def spec_launched(variant: str, spec, extra=()) -> bool:

@@ -83,7 +83,7 @@ def launch(x: Tensor, wp: Tensor, groups: int, b: Tensor | None, out: Tensor, re
     # a tile's 256 pixels of one phase are one box.
     flat = out.permute(0, 2, 3, 1).reshape(-1)  # a view: channels_last memory is [frame, H, W, C]
     dims, strides = [C, W, 2, H, B * groups], [2 * C, 2 * W * C, 4 * W * C, 4 * H * W * C]
-    y_maps = [tensor_map(flat[px * C:], dims, strides, [C, TILE, 1, TILE, 1]) for px in range(2)]
+    y_maps = [tensor_map(flat[px * C:], dims, strides, [C, TILE, 1, TILE // 2, 1]) for px in range(2)]
     tiles_w, tiles_h = -(-W // TILE), -(-H // TILE)
     tiles = B * tiles_h * tiles_w
     classes = 4 * groups
@@ -145,6 +145,13 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
             raise
     mark_launched(NAME, x, w, 1, 2, False, b is not None, False, relu, ("grow", grow))
     return out
+
+
+def grow_ready(x: Tensor, grow_w: Tensor, w: Tensor, grow: int) -> bool:
+    """Whether grow_launch on these operands would neither load the kernel nor pack its weight (packing copies from
+    the host), so that it may run inside a CUDA-graph capture."""
+    return (_backend.is_loaded(SOURCE, KERNEL, None, device=x.device)
+            and derived.has(w, (NAME, "grow", grow), also=(grow_w,)))
 
 
 run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

@@ -25,16 +25,27 @@ class DerivedCache:
         self._pinned: dict[int, Tensor] = {}
         self._lock = threading.Lock()
 
+    def _hit(self, src: Tensor, tag, also: tuple):
+        """(stamp of src and `also` now, the cached (stamp, tensor) for (src, tag) or None)."""
+        stamp = tuple((t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride()) for t in (src, *also))
+        with self._lock:
+            entry = self._d.get(src)
+            return stamp, None if entry is None else entry.get(tag)
+
+    def has(self, src: Tensor, tag, also: tuple = ()) -> bool:
+        """Whether get(src, tag, ..., also) would return a cached tensor without building it."""
+        if src.is_inference() or any(t.is_inference() for t in also):
+            return False
+        stamp, hit = self._hit(src, tag, also)
+        return hit is not None and hit[0] == stamp
+
     def get(self, src: Tensor, tag, build: Callable[[], Tensor], also: tuple = ()) -> Tensor:
         """build()'s tensor for (src, tag), cached. `also`: other tensors it is derived from (TGrow's weight for a
         composed one); a change to any of them rebuilds it, in the same entry."""
         if src.is_inference() or any(t.is_inference() for t in also):
             return build()
         capturing = src.is_cuda and torch.cuda.is_current_stream_capturing()
-        stamp = tuple((t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride()) for t in (src, *also))
-        with self._lock:
-            entry = self._d.get(src)
-            hit = None if entry is None else entry.get(tag)
+        stamp, hit = self._hit(src, tag, also)
         if hit is not None and hit[0] == stamp:
             if capturing:
                 with self._lock:

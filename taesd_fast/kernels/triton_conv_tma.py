@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .conv_contract import check_conv_args, conv_shape_reason, new_out, output_shape
 from .conv_epilogue import epilogue, tile_origin, upsample_phase
-from .conv_launch import contiguous_bias, conv_row_run, mark_launched, on_device, prepare, spec_launched
+from .conv_launch import contiguous_bias, conv_row_run, launched, mark_launched, on_device, prepare, spec_launched
 from .conv_pack import compose_grow, pack_weight, packed_weight, plan
 from .device import capability, sm_count
 from .derived import derived
@@ -286,6 +286,17 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
     _launch(x, wp, b, None, out, p, cfg, upsample, relu, grow, packed_now + copied)
     mark_launched(NAME, x, w, 1, upsample, False, b is not None, False, relu, ("grow", grow, cfg, grown))
     return out
+
+
+def grow_ready(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: int, relu: bool,
+               upsample: int = 1) -> bool:
+    """Whether grow_launch on these operands would neither compile nor load a build (Triton does both at a build's
+    first launch) nor pack its weight (packing copies from the host), so that it may run inside a CUDA-graph capture."""
+    B, c, H, W = x.shape
+    grown = (B * grow, c, H, W)
+    cfg = shape_config(w.shape[0], grown, upsample, x.device)
+    return (launched(NAME, x, w, 1, upsample, False, b is not None, False, relu, ("grow", grow, cfg, grown))
+            and derived.has(w, ("grow", grow, upsample, plan(c, w.shape[0], upsample)), also=(grow_w,)))
 
 
 def grow_variants(x: Tensor, w: Tensor, b: Tensor | None, stride: int, residual: Tensor | None, relu: bool,

@@ -129,3 +129,50 @@ def test_step_folds_tgrow_where_the_conv_runs_the_tma_kernel(monkeypatch):
         monkeypatch.setattr(layers, "_foldable", lambda *a: False)
         plain = stream()
     torch.testing.assert_close(folded, plain, rtol=0, atol=4e-3)
+
+
+@pytest.mark.parametrize("kernel", list(LAUNCHES))
+def test_a_fold_first_met_inside_a_capture_runs_torch_and_captures_again(kernel, monkeypatch):
+    """grow_conv inside a CUDA-graph capture, where the fold has not run for these weights (its weight unpacked;
+    packing copies from the host, which a capture forbids): the capture takes PyTorch's TGrow and conv, marks the
+    graph to be captured again (dispatch.capture_again), and its replay on new inputs matches them; the next eager
+    call runs the fold."""
+    if kernel == "cuda_conv_up" and _cuda_up_reason() is not None:
+        pytest.skip(f"the CUDA upsample conv is unavailable: {_cuda_up_reason()}")
+    from taesd_fast import dispatch
+    from taesd_fast.models.layers import conv3x3
+    from taesd_fast.models.taehv import layers
+
+    monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    grow = layers.TGrow(64, 2).cuda().half()
+    conv = conv3x3(64, 64).cuda().half()
+    x = torch.randn(1, 64, 24, 40, generator=gen, device="cuda").half().contiguous(memory_format=CL)
+    monkeypatch.setattr(dispatch, "conv2d_choice", lambda *a, **k: kernel)
+    module = triton_conv_tma if kernel == "triton_conv_tma" else cuda_conv_up
+    folds, real = [], module.grow_launch
+    monkeypatch.setattr(module, "grow_launch", lambda *a, **k: folds.append(1) or real(*a, **k))
+    run = lambda: layers.grow_conv(grow, conv, x, True, 2, True)  # noqa: E731
+    with torch.no_grad():
+        with dispatch.backend("torch"):
+            expected = run()  # also warms up cuBLAS and cuDNN for the capture
+        monkeypatch.setattr(dispatch.decide.state, "deferred", False)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            y = run()
+        torch.cuda.current_stream().wait_stream(stream)
+        assert not folds and dispatch.decide.state.deferred
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, expected, rtol=0, atol=1e-3)  # the same PyTorch ops, captured
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda").half())
+        graph.replay()
+        with dispatch.backend("torch"):
+            expected = run()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, expected, rtol=0, atol=1e-3)
+        folded = run()  # eager: the fold packs and runs
+        assert folds == [1]
+        torch.testing.assert_close(folded, expected, rtol=2e-3, atol=4e-3)

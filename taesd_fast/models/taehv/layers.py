@@ -177,7 +177,8 @@ def grow_conv(grow: TGrow, conv: DispatchConv2d, x: torch.Tensor, upscale: bool,
       the composed weight (`composed_weight`; the shapes of the conv on grow(x), so the same row);
     - several: where the dispatcher has decided triton_conv_tma or cuda_conv_up for the conv on grow(x), that
       kernel's grow launch runs it on x with one composed weight per frame (triton_conv_tma.grow_launch, BENCHMARKS.md,
-      seventeenth session; cuda_conv_up.grow_launch).
+      seventeenth session; cuda_conv_up.grow_launch). Inside a CUDA-graph capture, a fold that has not run before
+      runs as PyTorch's TGrow and conv instead, and the graph is captured again at the next call.
     Elsewhere (CPU, backend "torch", torch.compile, autograd, other dtypes, a shape not decided yet): TGrow, then the
     conv, as upstream computes them."""
     frames = grow.stride if upscale else 1
@@ -187,15 +188,25 @@ def grow_conv(grow: TGrow, conv: DispatchConv2d, x: torch.Tensor, upscale: bool,
         return dispatch.conv2d(x, composed_weight(grow, conv), conv.bias, relu=relu, upsample=upsample, layer=conv)
     choice = dispatch.conv2d_choice(x, conv.weight, conv.bias, batch=x.shape[0] * frames, relu=relu,
                                     upsample=upsample)
+    args = (x, grow.conv.weight, conv.weight, conv.bias, frames, relu)
     if choice == "triton_conv_tma":
-        from ...kernels import triton_conv_tma  # loaded already: the dispatcher chose its row
+        from ...kernels import triton_conv_tma as kernel  # loaded already: the dispatcher chose its row
 
-        return triton_conv_tma.grow_launch(x, grow.conv.weight, conv.weight, conv.bias, frames, relu, upsample)
-    if choice == "cuda_conv_up":
-        from ...kernels import cuda_conv_up  # loaded already: the dispatcher chose its row
+        launch, ready = (lambda: kernel.grow_launch(*args, upsample)), (lambda: kernel.grow_ready(*args, upsample))
+    elif choice == "cuda_conv_up":
+        from ...kernels import cuda_conv_up as kernel  # loaded already: the dispatcher chose its row
 
-        return cuda_conv_up.grow_launch(x, grow.conv.weight, conv.weight, conv.bias, frames, relu)
-    return conv(grow(x, upscale), upsample=upsample, relu=relu)
+        launch, ready = (lambda: kernel.grow_launch(*args)), (lambda: kernel.grow_ready(*args[:3], frames))
+    else:
+        return conv(grow(x, upscale), upsample=upsample, relu=relu)
+    if torch.cuda.is_current_stream_capturing() and not ready():
+        # The fold's first launch loads its build and packs its weight (from the host): neither may happen while a
+        # CUDA graph captures. This capture runs PyTorch's TGrow and conv, and the next call captures again, its
+        # warm-up running the fold first.
+        dispatch.capture_again()
+        with dispatch.backend("torch"):
+            return conv(grow(x, upscale), upsample=upsample, relu=relu)
+    return launch()
 
 
 def _foldable(x: torch.Tensor, grow: TGrow, conv: DispatchConv2d) -> bool:
