@@ -56,6 +56,8 @@ CASES: dict[tuple[str, str], list[tuple]] = {
                                    (2, 64, 64, 19, 130, 1, 1, False, False, False, False)],  # partial strip
     ("conv2d", "cuda_conv_tiles"): [(1, 256, 256, 40, 64, 1, 1, True, True, True, False),  # one warpgroup
                                     (3, 192, 128, 37, 50, 1, 1, False, True, False, False)],  # two; edge tiles
+    ("conv2d", "cuda_conv_up"): [(2, 64, 64, 37, 50, 1, 2, True, False, True, False),  # edge tiles
+                                 (1, 64, 64, 5, 3, 1, 2, False, False, False, False)],  # fewer tiles than programs
     ("conv2d", "simt_f16_tile"): _SIMT,
     ("conv2d", "simt_f16_ocb4"): _SIMT,
     ("conv2d", "simt_f16_rb"): [_SIMT[0], (2, 64, 3, 17, 9, 1, 1, False, False, False, False)],  # stride 1 only
