@@ -173,6 +173,29 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32 = old
 
 
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """The conv kernels' fresh outputs NaN-filled (conv_contract.POISON_OUTPUT), so that an element a kernel never
+    writes fails the test."""
+    from taesd_fast.kernels import conv_contract
+
+    monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
+
+
+def record_launches(monkeypatch, module, pick) -> list:
+    """module.launch wrapped for the test: each call appends pick(its positional arguments) to the returned list, so
+    a test can show that the kernel under test really ran, and with what."""
+    calls = []
+    real = module.launch
+
+    def recording(*args, **kwargs):
+        calls.append(pick(args))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "launch", recording)
+    return calls
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # A huggingface_hub cache laid out the way hf_hub_download leaves it:
 #   <cache>/models--<org>--<name>/refs/<revision>            -> text file holding the commit hash

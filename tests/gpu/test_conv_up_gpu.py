@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import record_launches
 from error_bounds import assert_conv_within
 
+from taesd_fast import graphs
 from taesd_fast.dispatch import Spec
-from taesd_fast.kernels import conv_contract, cuda_conv_up
+from taesd_fast.kernels import cuda_conv_up
 
 CL = torch.channels_last
 
@@ -27,27 +29,14 @@ _REASON = ("CUDA is not available" if not torch.cuda.is_available()
            else cuda_conv_up.spec_unsupported_reason(_spec((1, 64, 8, 8))))
 pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=f"the CUDA upsample conv is unavailable: {_REASON}"),
-    pytest.mark.usefixtures("no_tf32"),
+    pytest.mark.usefixtures("no_tf32", "poisoned_outputs"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setattr(conv_contract, "POISON_OUTPUT", True)
 
 
 @pytest.fixture
 def launches(monkeypatch):
     """The weight-group count of every cuda_conv_up launch in the test (the kernel under test really ran)."""
-    calls = []
-    real = cuda_conv_up.launch
-
-    def counting(*a, **k):
-        calls.append(a[2])
-        return real(*a, **k)
-
-    monkeypatch.setattr(cuda_conv_up, "launch", counting)
-    return calls
+    return record_launches(monkeypatch, cuda_conv_up, lambda args: args[2])
 
 
 def _make(B, H, W, bias, gen):
@@ -93,18 +82,9 @@ def test_graph_replays_new_inputs(launches):
         y = cuda_conv_up.run(x, w, b, 1, None, True, 2)
         return cuda_conv_up.run(y, w2, b, 1, None, False, 2)
 
-    run()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        run()
-        with torch.cuda.graph(graph, stream=stream):
-            y = run()
-    torch.cuda.current_stream().wait_stream(stream)
+    replay, y = graphs.capture(run)  # the package's capture: two side-stream warm-ups, then the graph
     x.copy_(torch.randn(x.shape, generator=gen, device="cuda").half())
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     assert torch.equal(y, run())
     assert_conv_within(y, (cuda_conv_up.run(x, w, b, 1, None, True, 2), w2, b, None, 1, False, 2, False))
