@@ -49,7 +49,7 @@ __device__ __forceinline__ void issue(float (&acc)[64], u32 w, u32 xs, int h) {
 __device__ __forceinline__ void store_half(const float (&acc)[64], u32 staging, const TmaMap* y_map, float bias0,
                                            float bias1, int relu, int tx, int py, int row8, int frame) {
   int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, blk = lane / 8, p_in = lane % 8;
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+  if (tid == 0) tma_store_wait_read<1>();
   asm volatile("bar.sync 1, 128;" ::: "memory");
 #pragma unroll
   for (int n8 = 0; n8 < 16; n8 += 2) {
@@ -73,6 +73,13 @@ __device__ __forceinline__ void store_half(const float (&acc)[64], u32 staging, 
   fence_async_shared();
   asm volatile("bar.sync 1, 128;" ::: "memory");
   if (tid == 0) tma_store_5d(y_map, staging, 0, 16 * tx, py, 8 * row8, frame);
+}
+
+// Tile i of a class: column tx, row ty of tiles, input frame img.
+__device__ __forceinline__ void tile_of(int i, int tiles_w, int tiles_h, int& tx, int& ty, int& img) {
+  tx = i % tiles_w;
+  ty = (i / tiles_w) % tiles_h;
+  img = i / tiles_w / tiles_h;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -108,7 +115,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int j = 0; j < n; ++j) {
       int stage = j % STAGES, i = first + j * step;
       if (j >= STAGES) mbar_wait(empty + 8 * stage, (j / STAGES - 1) & 1);
-      int tx = i % tiles_w, rest = i / tiles_w, ty = rest % tiles_h, img = rest / tiles_h;
+      int tx, ty, img;
+      tile_of(i, tiles_w, tiles_h, tx, ty, img);
       u32 bar = full + 8 * stage;
       mbar_expect_tx(bar, STAGE_BYTES);
 #pragma unroll
@@ -132,7 +140,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   int last_tx = 0, last_ty = 0, last_frame = 0;  // the tile whose second half waits for its epilogue
   for (int j = 0; j < n; ++j) {
     int i = first + j * step, stage = j % STAGES;
-    int tx = i % tiles_w, rest = i / tiles_w, ty = rest % tiles_h, frame = (rest / tiles_h) * groups + group;
+    int tx, ty, img;
+    tile_of(i, tiles_w, tiles_h, tx, ty, img);
+    int frame = img * groups + group;
     mbar_wait(full + 8 * stage, (j / STAGES) & 1);
     issue(acc_a, w_s, x_s + stage * STAGE_BYTES, 0);
     if (j > 0) {  // the last tile's second half (retired: at most this tile's first half in flight)

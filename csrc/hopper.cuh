@@ -45,7 +45,8 @@ __device__ __forceinline__ void tma_load_5d(u32 dst, const TmaMap* map, u32 bar,
       "[%2];" ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
-// One bulk group per call; tma_store_wait_read waits until every group has read its shared memory.
+// One bulk group per call; tma_store_wait_read waits until all but the N most recent groups have read their
+// shared memory.
 __device__ __forceinline__ void tma_store_4d(const TmaMap* map, u32 src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(map),
                "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
@@ -58,7 +59,10 @@ __device__ __forceinline__ void tma_store_5d(const TmaMap* map, u32 src, int c0,
                : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
-__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+template <int N = 0>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
 // Generic-proxy shared writes become visible to the async proxy (a TMA store of them).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 

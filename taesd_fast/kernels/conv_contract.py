@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["MAX_PIXELS", "POISON_OUTPUT", "check_conv_args", "check_f16_operands", "conv3x3_math",
-           "conv_shape_reason", "f16_3x3_reason", "new_out", "output_shape"]
+           "conv_shape_reason", "f16_3x3_reason", "grow_weight_reason", "new_out", "output_shape"]
 
 MAX_PIXELS = 2**31 - 2**20  # pixel indices are int32 in the tensor-core kernels (element offsets are int64)
 POISON_OUTPUT = False  # tests set this: NaN-fill every kernel's output before launch, so unwritten elements show
@@ -91,6 +91,16 @@ def check_conv_args(op: str, x: Tensor, w: Tensor, b: Tensor | None, residual: T
     if residual is not None and tuple(residual.shape) != out_shape:
         raise ValueError(f"{op}: residual must have the output shape {out_shape}, got {tuple(residual.shape)}")
     return out_shape
+
+
+def grow_weight_reason(x: Tensor, grow_w: Tensor, grow: int) -> str | None:
+    """Why grow_w is not the TGrow weight a grow launch on x takes ([grow * C, C, 1, 1], x's dtype and device), or
+    None."""
+    c = x.shape[1]
+    if tuple(grow_w.shape) == (grow * c, c, 1, 1) and grow_w.dtype == x.dtype and grow_w.device == x.device:
+        return None
+    return (f"grow_w must be a ({grow * c}, {c}, 1, 1) {x.dtype} tensor on {x.device} for grow={grow} and C={c}, got "
+            f"{tuple(grow_w.shape)} {grow_w.dtype} on {grow_w.device}")
 
 
 def new_out(shape, like: Tensor) -> Tensor:

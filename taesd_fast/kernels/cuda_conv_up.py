@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from .. import _backend
-from .conv_contract import check_conv_args, new_out, output_shape
+from .conv_contract import check_conv_args, grow_weight_reason, new_out, output_shape
 from .conv_launch import contiguous_bias, conv_row_run, launch_checked, mark_launched, on_device, sm90_spec_reason
-from .conv_pack import compose_grow, fold_upsample_weight
+from .conv_pack import compose_grow, fold_upsample_weight, packed_weight
 from .derived import derived
 from .device import sm_count
 from .tma import nhwc_map, tensor_map
@@ -56,9 +56,14 @@ def spec_unsupported_reason(spec) -> str | None:
                             spec.residual))
 
 
+def _loaded(device) -> bool:
+    """Whether the kernel is loaded on this device (one build serves every shape)."""
+    return _backend.is_loaded(SOURCE, KERNEL, None, device=device)
+
+
 def spec_ready(spec) -> bool:
-    """True once the kernel is loaded on this device (one build serves every shape)."""
-    return _backend.is_loaded(SOURCE, KERNEL, None, device=spec.device)
+    """True once the kernel is loaded on this device."""
+    return _loaded(spec.device)
 
 
 def pack_classes(groups: Tensor) -> Tensor:
@@ -102,11 +107,6 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
     """Check the call against the row's rule (ValueError naming the limit), then launch. Returns channels_last y."""
     refuse = shape_reason(x.shape[1], w.shape[0], stride, upsample, pre_clamp, residual is not None)
 
-    def packed():
-        packed_now: list = []
-        wp = derived.get(w, (NAME, 1), lambda: packed_now.append(NAME) or pack_classes(_groups(w)))
-        return wp, packed_now
-
     def kernel(call, wp, pdl):
         try:
             launch(call.x, wp, 1, call.b, call.out, relu, pdl["PDL"])
@@ -114,7 +114,8 @@ def launch_conv(x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None,
             give_up(e)
             raise
 
-    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse, packed, kernel)
+    return launch_checked(NAME, x, w, b, residual, stride, relu, upsample, pre_clamp, refuse,
+                          lambda: packed_weight(w, 2, None, tag=NAME, build=lambda: pack_classes(_groups(w))), kernel)
 
 
 def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: int, relu: bool) -> Tensor:
@@ -124,11 +125,7 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
     [B * grow, 64, 2H, 2W] channels_last, in TGrow's frame order. ValueError where the kernel cannot take it."""
     check_conv_args(NAME, x, w, b, None, 1, 2)
     B, c, H, W = x.shape
-    refuse = shape_reason(c, w.shape[0], 1, 2, False, False)
-    if refuse is None and (tuple(grow_w.shape) != (grow * c, c, 1, 1) or grow_w.dtype != x.dtype
-                           or grow_w.device != x.device):
-        refuse = (f"grow_w must be a ({grow * c}, {c}, 1, 1) {x.dtype} tensor on {x.device} for grow={grow}, got "
-                  f"{tuple(grow_w.shape)} {grow_w.dtype} on {grow_w.device}")
+    refuse = shape_reason(c, w.shape[0], 1, 2, False, False) or grow_weight_reason(x, grow_w, grow)
     if refuse is not None:
         raise ValueError(f"{NAME}: {refuse}")
     x = aligned_nhwc(x)
@@ -150,8 +147,7 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
 def grow_ready(x: Tensor, grow_w: Tensor, w: Tensor, grow: int) -> bool:
     """Whether grow_launch on these operands would neither load the kernel nor pack its weight (packing copies from
     the host), so that it may run inside a CUDA-graph capture."""
-    return (_backend.is_loaded(SOURCE, KERNEL, None, device=x.device)
-            and derived.has(w, (NAME, "grow", grow), also=(grow_w,)))
+    return _loaded(x.device) and derived.has(w, (NAME, "grow", grow), also=(grow_w,))
 
 
 run = conv_row_run(NAME, launch_conv)  # the dispatcher's conv2d entry; registers launch_conv with the conv3x3_tc op

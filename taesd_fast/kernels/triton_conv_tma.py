@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .conv_contract import check_conv_args, conv_shape_reason, new_out, output_shape
+from .conv_contract import check_conv_args, conv_shape_reason, grow_weight_reason, new_out, output_shape
 from .conv_epilogue import epilogue, tile_origin, upsample_phase
 from .conv_launch import contiguous_bias, conv_row_run, launched, mark_launched, on_device, prepare, spec_launched
 from .conv_pack import compose_grow, pack_weight, packed_weight, plan
@@ -273,9 +273,9 @@ def grow_launch(x: Tensor, grow_w: Tensor, w: Tensor, b: Tensor | None, grow: in
         raise RuntimeError(f"conv3x3_grow: {TRITON_ERROR}")
     check_conv_args("conv3x3_grow", x, w, b, None, 1, upsample)
     B, c, H, W = x.shape
-    if tuple(grow_w.shape) != (grow * c, c, 1, 1) or grow_w.dtype != x.dtype or grow_w.device != x.device:
-        raise ValueError(f"conv3x3_grow: grow_w must be a ({grow * c}, {c}, 1, 1) {x.dtype} tensor on {x.device} "
-                         f"for grow={grow} and C={c}, got {tuple(grow_w.shape)} {grow_w.dtype} on {grow_w.device}")
+    reason = grow_weight_reason(x, grow_w, grow)
+    if reason is not None:
+        raise ValueError(f"conv3x3_grow: {reason}")
     x = aligned_nhwc(x)
     b, copied = contiguous_bias(b)
     c_out = w.shape[0]
