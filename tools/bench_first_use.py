@@ -10,8 +10,10 @@ three times for each of 256² B=1, 256² B=64 and 512² B=1, then for a shape it
 `decode_video` of 4 latent frames (13 frames at 704x1280), then `decode_step` of one latent frame on a stream, then
 a clip it has not seen (7 latents, 25 frames). Every call is synchronized. --profile-first: cProfile over each
 process's first call; its costliest functions (cumulative) go into the table. Then
-it waits for subprocess tuning to finish (how long after its first call) and times the tuned calls (graph replays);
-it also records each tuning process's lifetime and its allocator's peak GPU memory.
+it waits for subprocess tuning to finish (how long after its first call) and times the tuned calls (graph replays;
+wall time per call and GPU time between CUDA events, apart to show host overhead);
+it also records each tuning process's lifetime and its allocator's peak GPU memory, and each process's dispatch table
+(the JSON's dispatch_table: compare the processes' decisions).
 Processes: "torch" (set_backend("torch"), its own empty caches), "cold" (default settings, empty caches), "second"
 (default settings, the caches "cold" left), with --serial "serial" (empty caches, the tuning process compiling
 without its compile workers: TAESD_FAST_TUNING_COMPILERS=0) and with --blocking "blocking" (TAESD_FAST_TUNING=
@@ -86,6 +88,22 @@ def _profiled(fn, top: int = 25) -> str:
     return text.getvalue()
 
 
+def gpu_ms(fn) -> float:
+    """Median GPU time of TUNED_REPS calls of fn, ms, between CUDA events on the current stream (the wall time per
+    call, tuned_ms, also holds the host's time; the two apart show host overhead)."""
+    import torch
+
+    times = []
+    for _ in range(TUNED_REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def child(backend: str, model_name: str, profile_first: bool) -> dict:
     """One measured process (run with the cache env vars already set by the parent)."""
     t_start = time.perf_counter()
@@ -95,7 +113,7 @@ def child(backend: str, model_name: str, profile_first: bool) -> dict:
     from taesd_fast import dispatch
 
     out = {"import_s": time.perf_counter() - t_start, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "tuning": dispatch.get_tuning(), "backend": backend, "calls": {}, "tuned_ms": {},
+           "tuning": dispatch.get_tuning(), "backend": backend, "calls": {}, "tuned_ms": {}, "tuned_gpu_ms": {},
            "after_tuning_first_call_s": {}, "model": model_name}
     taesd_fast.set_backend(backend)
     t = time.perf_counter()
@@ -139,12 +157,14 @@ def child(backend: str, model_name: str, profile_first: bool) -> dict:
             out["after_tuning_first_call_s"][name] = call(name)  # a re-capture where tuning changed decisions
             call(name)
             out["tuned_ms"][name] = statistics.median(call(name) for _ in range(TUNED_REPS)) * 1e3
+            out["tuned_gpu_ms"][name] = gpu_ms(calls[name])
         watching.set()
         watcher.join()
         out["tuning_processes"] = {str(pid): {"seen_from_s": a, "seen_until_s": b} for pid, (a, b) in lives.items()}
         out["tuning_peak_gpu_mb"] = status.peak_gpu_mb
         rows = [r for _, r in dispatch.rows_of(decoder)]
         out["kernel_decisions"] = f"{sum(r.choice != 'torch' for r in rows)} of {len(rows)} (layer, shape) rows"
+        out["dispatch_table"] = dispatch.dispatch_table(decoder)
     out["total_s"] = time.perf_counter() - t_start
     return out
 
@@ -192,6 +212,10 @@ def table(runs: dict) -> str:
         t = base["tuned_ms"][name]
         lines.append(f"{name:<24}{t:>9.3f}" + "".join(
             f"{runs[k]['tuned_ms'][name]:>12.3f}{runs[k]['tuned_ms'][name] / t:>7.2f}" for k in labels))
+    lines.append("tuned per call, GPU ms (CUDA events around each call)")
+    for name in names:
+        lines.append(f"{name:<24}{base['tuned_gpu_ms'][name]:>9.3f}" + "".join(
+            f"{runs[k]['tuned_gpu_ms'][name]:>12.3f}{'':>7}" for k in labels))
     lines.append("tuning processes (pid: seen from..until s after the first call; allocator peak MB): " + "; ".join(
         f"{k} " + ", ".join(f"{pid}: {v['seen_from_s']:.1f}..{v['seen_until_s']:.1f}"
                             for pid, v in r.get("tuning_processes", {}).items()) + f" peak {r.get('tuning_peak_gpu_mb')}"
