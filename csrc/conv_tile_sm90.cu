@@ -73,14 +73,7 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1)
   int steps = 9 * t.kg, tid = threadIdx.x;
   bool producer = tid == CONSUMERS;
 
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(t.full + 8 * s, 1);
-      mbar_init(t.empty + 8 * s, 1);
-    }
-    mbar_init(res_bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (tid == 0) init_ring(t.full, t.empty, STAGES, res_bar);
   __syncthreads();
   // Weights first: the previous kernel does not write them, so they load while it drains (PDL).
   if (producer)

@@ -95,14 +95,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   int n = first < tiles ? (tiles - 1 - first) / step + 1 : 0;  // this program's tiles: first + j * step
   int tid = threadIdx.x;
 
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, 1);
-    }
-    mbar_init(w_bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (tid == 0) init_ring(full, empty, STAGES, w_bar);
   __syncthreads();
   if (tid == 128) {
     // Weights first: the previous kernel does not write them, so they load while it drains (PDL).

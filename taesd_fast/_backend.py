@@ -149,7 +149,8 @@ def _compile(src: str, name: str, arch: str, cubin: bool, opts: list[str]) -> by
 
 # Sources that use an architecture's accelerated features (wgmma, setmaxnreg: sm_90a) and so compile for exactly
 # that architecture; they run only there.
-ARCH_SPECIFIC = {"conv_row_sm90.cu": 90, "conv_tile_sm90.cu": 90, "conv_up_sm90.cu": 90, "head_g_sm90.cu": 90}
+ARCH_SPECIFIC = {"conv_row_sm90.cu": 90, "conv_tile_sm90.cu": 90, "conv_up_sm90.cu": 90, "conv_narrow_sm90.cu": 90,
+                 "head_g_sm90.cu": 90}
 
 
 def give_up(failures: list, kernel: str, error: Exception) -> None:

@@ -74,8 +74,8 @@ def test_table_lists_each_kernel_once_with_its_module_functions():
         assert (Path(__file__).resolve().parents[1] / "taesd_fast" / "kernels" / f"{r.module}.py").is_file()
         assert r.module == (r.name if not r.name.startswith("simt_f16_") else "simt_conv"), "a row lives in its module"
     assert CONV_ROWS == ["triton_conv", "triton_conv_tma", "gluon_conv_rows", "gluon_conv_tile", "gluon_conv_up",
-                         "gluon_conv_narrow", "cuda_conv_rows", "cuda_conv_tiles", "cuda_conv_up", "simt_f16_tile",
-                         "simt_f16_ocb4", "simt_f16_rb"]
+                         "gluon_conv_narrow", "cuda_conv_rows", "cuda_conv_tiles", "cuda_conv_up", "cuda_conv_narrow",
+                         "simt_f16_tile", "simt_f16_ocb4", "simt_f16_rb"]
     assert sorted(rows.DEFAULT_ORDER) == sorted({r.name for r in rows.KERNEL_ROWS})
     nchw_first = rows.forced_order("nchw")
     assert nchw_first[:3] == ("simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile")  # NCHW inputs reach the SIMT convs

@@ -58,6 +58,8 @@ CASES: dict[tuple[str, str], list[tuple]] = {
                                     (3, 192, 128, 37, 50, 1, 1, False, True, False, False)],  # two; edge tiles
     ("conv2d", "cuda_conv_up"): [(2, 64, 64, 37, 50, 1, 2, True, False, True, False),  # edge tiles
                                  (1, 64, 64, 5, 3, 1, 2, False, False, False, False)],  # fewer tiles than programs
+    ("conv2d", "cuda_conv_narrow"): [(2, 64, 3, 37, 50, 1, 1, True, False, False, False),  # a partial strip
+                                     (1, 64, 12, 5, 130, 1, 1, False, False, False, False)],  # 2 strips, short runs
     ("conv2d", "simt_f16_tile"): _SIMT,
     ("conv2d", "simt_f16_ocb4"): _SIMT,
     ("conv2d", "simt_f16_rb"): [_SIMT[0], (2, 64, 3, 17, 9, 1, 1, False, False, False, False)],  # stride 1 only

@@ -91,6 +91,7 @@ KERNEL_ROWS: list[Row] = [
     _conv("cuda_conv_rows", "cuda_conv_rows", nvrtc=True),  # CUDA C++ row streaming: 64->64, W > 64, sm_90
     _conv("cuda_conv_tiles", "cuda_conv_tiles", nvrtc=True),  # CUDA C++ tiles: 64k -> 128k channels, sm_90
     _conv("cuda_conv_up", "cuda_conv_up", nvrtc=True),  # CUDA C++ upsample fold: 64->64 up 2, no residual, sm_90
+    _conv("cuda_conv_narrow", "cuda_conv_narrow", nvrtc=True),  # CUDA C++ projection + tap sum: 64->3 / 64->12
     # mem_conv: a TAEHV memory block's first conv on x and its past frames, with nothing concatenated
     _kernel("triton_mem_conv", "mem_conv", "triton_mem_conv", nvrtc=False),  # Triton TMA tiles, sm_90+
     _kernel("cuda_mem_conv", "mem_conv", "cuda_mem_conv"),  # CUDA C++ row streaming, two launches: 64 ch, sm_90
@@ -110,7 +111,8 @@ KERNEL_ROWS: list[Row] = [
 
 DEFAULT_ORDER: tuple[str, ...] = (
     "gluon_conv_up", "gluon_conv_narrow", "gluon_conv_rows", "triton_conv_tma", "triton_conv", "gluon_conv_tile",
-    "cuda_conv_rows", "cuda_conv_tiles", "cuda_conv_up", "simt_f16_rb", "simt_f16_ocb4", "simt_f16_tile",
+    "cuda_conv_rows", "cuda_conv_tiles", "cuda_conv_up", "cuda_conv_narrow", "simt_f16_rb", "simt_f16_ocb4",
+    "simt_f16_tile",
     "triton_mem_conv", "cuda_mem_conv",
     "cuda_fused", "gluon_fused", "triton_fused", "triton_norm_split", "split_bf16",
 )

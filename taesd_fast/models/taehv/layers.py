@@ -9,7 +9,8 @@ Fast-path structure (every conv goes through `taesd_fast.dispatch`):
 - base decoder: nearest upsample -> TGrow -> conv runs as TGrow's 1x1 conv at low resolution (a 1x1 conv and a
   nearest upsample commute), then the 3x3 conv with the upsample folded in (`upsample=2`): 4x fewer pixels for the
   1x1 conv and no upsampled tensor when a kernel folds it. On CUDA with kernels, TGrow itself is folded into that
-  conv's weights (`grow_conv`), so its output is never written.
+  conv's weights (`grow_conv`), so its output is never written;
+- the decoder's last conv writes the output frames itself where a kernel does that (`narrow_frames`).
 """
 
 from __future__ import annotations
@@ -209,13 +210,40 @@ def grow_conv(grow: TGrow, conv: DispatchConv2d, x: torch.Tensor, upscale: bool,
     return launch()
 
 
-def _foldable(x: torch.Tensor, grow: TGrow, conv: DispatchConv2d) -> bool:
+def narrow_frames(conv: DispatchConv2d, x: torch.Tensor, into: torch.Tensor, skip: int) -> bool:
+    """The decoder's last conv and the output frames in one launch: where the dispatcher has decided cuda_conv_narrow
+    for conv(x), its frames launch writes clamp(pixel_shuffle(conv(x))) (uint8 if `into` is) into `into`, without
+    each sample's first `skip` frames, and this returns True; the conv's output is never stored. Elsewhere False,
+    and the caller runs the conv and its frames pass. Inside a CUDA-graph capture, a launch that would first load
+    the kernel or pack its weight returns False and the graph is captured again at the next call, as grow_conv."""
+    if not _kernels_apply(x, conv.weight) or not into.is_cuda:
+        return False
+    if dispatch.conv2d_choice(x, conv.weight, conv.bias, batch=x.shape[0]) != "cuda_conv_narrow":
+        return False
+    from ...kernels import cuda_conv_narrow as kernel  # loaded already: the dispatcher chose its row
+
+    if kernel.frames_reason(x, conv.weight, into, skip) is not None:
+        return False
+    if torch.cuda.is_current_stream_capturing() and not kernel.frames_ready(x, conv.weight):
+        dispatch.capture_again()
+        return False
+    kernel.frames_launch(x, conv.weight, conv.bias, into, skip)
+    return True
+
+
+def _kernels_apply(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether a fused form of ours may replace the layers' own calls: f16 channels_last CUDA input, kernels in play,
+    outside torch.compile and autograd."""
     if not (x.is_cuda and x.dtype == torch.float16 and _channels_last(x)) or dispatch.get_backend() == "torch":
         return False
     if torch.compiler.is_compiling():
         return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or grow.conv.weight.requires_grad
-                                             or conv.weight.requires_grad))
+    return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+
+
+def _foldable(x: torch.Tensor, grow: TGrow, conv: DispatchConv2d) -> bool:
+    """Whether grow_conv may fold TGrow into the conv (tools/profile_taehv.py and tests switch it)."""
+    return _kernels_apply(x, grow.conv.weight, conv.weight)
 
 
 def composed_weight(grow: TGrow, conv: DispatchConv2d) -> torch.Tensor:

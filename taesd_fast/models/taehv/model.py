@@ -21,7 +21,7 @@ from ...validation import as_float_dtype, check_device
 from ...value_range import warn_if_unusual_range
 from ..layers import TinyAutoencoder, preferred_format, preferred_layout
 from .hub import VARIANTS, choose_name, detect, known_variant, resolve, split_parts
-from .layers import TAEHVArch, build_decoder, build_encoder
+from .layers import TAEHVArch, build_decoder, build_encoder, narrow_frames
 from .sequence import Preview, live_elements, memory_indices, run_sequence, sizes_at
 from .stream import StreamState, check_video, graphed_step, replayable
 
@@ -253,11 +253,11 @@ class TAEHV(TinyAutoencoder):
                 mid = mid.view(n, -1, *mid.shape[1:])
                 for a, b in chunk_spans(mid.shape[1], inner):
                     y = run_sequence(self.decoder, preferred_layout(mid[:, a:b].flatten(0, 1)), n, state.memory,
-                                     self.preview, start=cut)
+                                     self.preview, start=cut, stop=len(self.decoder) - 1)
                     produced = y.shape[0] // n
                     skip = min(to_skip, produced)
                     to_skip -= skip
-                    self._postprocess(y, uint8, into=out[:, written:written + produced - skip], skip=skip)
+                    self._last_conv_frames(y, uint8, into=out[:, written:written + produced - skip], skip=skip)
                     written += produced - skip
                     del y  # not alive while the next chunk runs
                 del mid
@@ -401,14 +401,15 @@ class TAEHV(TinyAutoencoder):
         project = post and x.is_cuda and not torch.compiler.is_compiling()
 
         def step(inp: torch.Tensor) -> torch.Tensor:
-            out = run_sequence(seq, inp, batch, state.memory, preview, batch_memory=batch_memory, project=project)
             if not post:
-                return out
+                return run_sequence(seq, inp, batch, state.memory, batch_memory=batch_memory)
+            out = run_sequence(seq, inp, batch, state.memory, preview, stop=len(seq) - 1, batch_memory=batch_memory,
+                               project=project)
             nk, _, h, w = out.shape
             p = self.patch_size
             frames = torch.empty((batch, nk // batch, 3, h * p, w * p), device=out.device,
                                  dtype=torch.uint8 if uint8 else out.dtype)
-            return self._postprocess(out, uint8, into=frames).flatten(0, 1)
+            return self._last_conv_frames(out, uint8, into=frames).flatten(0, 1)
 
         with torch.no_grad():
             if not (self.cuda_graphs and replayable(x)):
@@ -418,6 +419,15 @@ class TAEHV(TinyAutoencoder):
                     out = graphed_step(step, x, graphs.parameters_of(seq), state, uint8)
         state.steps += 1
         return out
+
+    def _last_conv_frames(self, h: torch.Tensor, uint8: bool, into: torch.Tensor, skip: int = 0) -> torch.Tensor:
+        """The decoder's last conv on h (its input, [N*k, C, h, w]) and the output frames from it, written into
+        `into` as _postprocess writes them: in one kernel where the dispatcher decided cuda_conv_narrow for that conv
+        (layers.narrow_frames), else the conv, then _postprocess. Returns `into`."""
+        last = self.decoder[-1]
+        if narrow_frames(last, h, into, skip):
+            return into
+        return self._postprocess(last(h), uint8, into=into, skip=skip)
 
     def _postprocess(self, out: torch.Tensor, uint8: bool, into: torch.Tensor, skip: int = 0) -> torch.Tensor:
         """The decoder's output [N*k, 3p^2, h, w] -> frames: pixel shuffle, clamp to [0, 1], uint8 if asked, written

@@ -56,15 +56,16 @@ def run_sequence(seq: nn.Sequential, x: torch.Tensor, batch: int, memory: list,
     instead of one small kernel per block (after the last block, the full-resolution layers have not yet pushed the
     blocks' inputs out of L2).
     project: compute the memory half of the first conv of each base memory block that sees one frame per sample
-    ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step, which runs the whole Sequential).
+    ahead, on a side stream on CUDA (`MemoryProjections`; the streaming step, which runs every memory block).
     """
     modules = list(seq)
     stop = len(modules) if stop is None else stop
     mem = iter(range(sum(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[:start]), len(memory)))
     stage = sum(isinstance(m, TGrow) for m in modules[:start])
     pending: list | None = [] if batch_memory else None
-    if project and (start, stop) != (0, len(modules)):
-        raise ValueError(f"run_sequence(project=True) runs the whole Sequential, got layers {start}:{stop}")
+    if project and (start != 0 or any(isinstance(m, (MemBlock, SuperMemBlock)) for m in modules[stop:])):
+        raise ValueError(f"run_sequence(project=True) runs every memory block (start 0, stop after the last), got "
+                         f"layers {start}:{stop}")
     projections = MemoryProjections(seq, x.shape[0] // batch, x.is_cuda, memory, preview) if project else None
     i = start
     while i < stop:
