@@ -8,7 +8,8 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
 }
 // A producer/consumer ring's barriers, set up by one thread before a __syncthreads: `stages` pairs (full at
-// full + 8 s, empty at empty + 8 s) and one more at `extra` (the weights'), each completing on one arrival.
+// full + 8 s, empty at empty + 8 s) and one more at `extra` (a kernel's weights or residual), each completing on
+// one arrival.
 __device__ __forceinline__ void init_ring(u32 full, u32 empty, int stages, u32 extra) {
   for (int s = 0; s < stages; ++s) {
     mbar_init(full + 8 * s, 1);

@@ -179,8 +179,9 @@ def frames_launch(x: Tensor, w: Tensor, b: Tensor | None, into: Tensor, skip: in
 
 
 def frames_ready(x: Tensor, w: Tensor) -> bool:
-    """Whether frames_launch on these operands would neither load the kernel nor pack its weight (packing runs on
-    the device but allocates; loading must not happen inside a CUDA-graph capture)."""
+    """Whether frames_launch on these operands would neither load the kernel nor pack its weight, so that it may
+    run inside a CUDA-graph capture (a capture may not load a module, and a weight packed there would live in the
+    graph's memory pool while the cache keeps it)."""
     return _loaded(x.device, PATCHES.get(w.shape[0], 1)) and derived.has(w, (NAME, 1, None))
 
 
