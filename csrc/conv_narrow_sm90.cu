@@ -47,19 +47,22 @@ __device__ __forceinline__ void mma_m64n136(float (&d)[68], unsigned long long a
       : "l"(a), "l"(b), "r"(scale_d));
 }
 
-// The frames (or plain output) a program writes to, and where input frame of work frame `wf` is.
+// The frames (or plain output) a program writes to, and which input frame each work frame reads.
 struct Target {
   u16* out;               // plain output, channels_last f16 [frames, H, W, C_OUT], or null
   unsigned char* frames;  // frames [samples, k_out, 3, H p, W p] (f16 or uint8 elements), or null
   long long sample_stride, frame_stride;  // elements
   int k_in, k_out, skip, uint8;
+
+  // The input frame of work frame wf: frame skip + wf % k_out of sample wf / k_out.
+  __device__ __forceinline__ int input_frame(int wf) const { return wf / k_out * k_in + skip + wf % k_out; }
 };
 
 // One output row's values of this thread (column x of strip sx, sub-row dy; v = c * PATCH + dx), written.
 __device__ __forceinline__ void write_row(const float (&s)[3 * PATCH], const float (&bias)[3 * PATCH],
                                           const Target& t, int wf, int y, int xg, int dy, int H, int W) {
   if (xg >= W) return;
-  int sample = wf / t.k_out, f = wf % t.k_out, img = sample * t.k_in + t.skip + f;
+  int sample = wf / t.k_out, f = wf % t.k_out, img = t.input_frame(wf);
 #pragma unroll
   for (int c = 0; c < 3; ++c)
 #pragma unroll
@@ -122,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     if (tid != CONSUMERS) return;
     int at = begin, wf, sx, ya, yb, j = 0;
     while (next_run(at, end, strips, H, wf, sx, ya, yb)) {
-      int sample = wf / target.k_out, img = sample * target.k_in + target.skip + wf % target.k_out;
+      int img = target.input_frame(wf);
       for (int i = ya - 1; i <= yb; ++i, ++j) {
         int stage = j % STAGES;
         if (j >= STAGES) mbar_wait(empty + 8 * stage, (j / STAGES - 1) & 1);

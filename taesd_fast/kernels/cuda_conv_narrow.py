@@ -2,8 +2,8 @@
 sm_90a): TAEHV's last decoder conv, 3x3 from 64 channels to 3 p^2 (3 or 12), as a tensor-core projection of each
 input row onto the 27 p^2 (tap, channel) pairs followed by a 9-tap sum, the input read once. `frames_launch` writes
 the video frames straight from it (bias, f16 rounding, clamp, pixel shuffle by p, optionally uint8), as
-kernels/triton_frames.py does from the conv's output, so that output is never stored (models/taehv/model.py takes
-it where the dispatcher decided this row for the last conv).
+kernels/triton_frames.py does from the conv's output, so that output is never stored (models/taehv/layers.py
+narrow_frames takes it where the dispatcher decided this row for the last conv).
 
 Covers 64 -> 3 or 12 channels, stride 1, no upsample, residual, ReLU or pre_clamp, sm_90 with NVRTC. x must start
 16-byte aligned (TMA): a view that does not is copied first. A compile or launch failure is remembered: a warning
